@@ -1,0 +1,1 @@
+"""The recommendation service. It never imports torch, so its image stays small."""

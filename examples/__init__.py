@@ -1,0 +1,1 @@
+"""Example workloads: the demo, the tests and the benchmarks all profile these."""

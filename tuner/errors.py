@@ -1,0 +1,50 @@
+"""One exception family for the whole product.
+
+Every error carries a stable ``code``. The CLI maps codes to exit statuses, the service
+maps them to HTTP statuses, and the client rebuilds the same type from the code it
+receives, so a caller handles one family wherever the error was raised.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class TunerError(Exception):
+    """Base of every error this project raises on purpose."""
+
+    code: ClassVar[str] = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadInputError(TunerError):
+    """The caller gave something unusable; the message says what to give instead."""
+
+    code = "bad_input"
+
+
+class WorkloadError(BadInputError):
+    """A workload target cannot be imported or does not describe a training step."""
+
+    code = "bad_workload"
+
+
+class DeviceUnavailableError(BadInputError):
+    """The requested device does not exist on this machine."""
+
+    code = "device_unavailable"
+
+
+class NothingFitsError(TunerError):
+    """Not even a micro batch of one sample fits in the memory budget."""
+
+    code = "nothing_fits"
+
+
+ERRORS_BY_CODE: dict[str, type[TunerError]] = {
+    cls.code: cls
+    for cls in (TunerError, BadInputError, WorkloadError, DeviceUnavailableError, NothingFitsError)
+}

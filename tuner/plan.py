@@ -1,0 +1,163 @@
+"""From a profile to training settings. Torch-free: the service, the client and the CLI
+all call this one module.
+
+    global batch = micro batch × accumulation steps × world size
+
+When the per-rank batch ``B / W`` is not a multiple of the micro batch, the last
+micro batch of each step is smaller: ``split`` lists every micro batch of one step on
+one rank, and it always sums to ``B / W``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.errors import BadInputError, NothingFitsError
+from tuner.results import ProbeResult
+
+Policy = Literal["max", "even", "throughput"]
+POLICIES: tuple[str, ...] = get_args(Policy)
+Basis = Literal["measured", "estimated"]
+
+# `even` gives up at most this fraction of the `max` policy's throughput for equal steps.
+EVEN_THROUGHPUT_TOLERANCE = 0.05
+
+
+class Recommendation(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    micro_batch_size: int
+    grad_accum: int
+    split: list[int]
+    global_batch_size: int
+    world_size: int
+    per_rank_batch_size: int
+    policy: Policy
+    max_micro_batch_size: int
+    expected_peak_bytes: int | None
+    expected_samples_per_second: float | None
+    basis: Basis
+
+    def describe(self) -> str:
+        """One sentence a person reads: the settings and how a step splits."""
+        ranks = f" × {self.world_size} ranks" if self.world_size > 1 else ""
+        head = (
+            f"micro batch {self.micro_batch_size}, {self.grad_accum} accumulation step"
+            f"{'s' if self.grad_accum != 1 else ''}{ranks} = global batch {self.global_batch_size}"
+        )
+        if len(set(self.split)) > 1:
+            head += (
+                f"; the last micro batch of each step has {self.split[-1]} samples "
+                f"(split {format_split(self.split)})"
+            )
+        return head
+
+
+def format_split(split: Sequence[int]) -> str:
+    """``[12, 12, 12, 4]`` reads as ``3×12 + 4``."""
+    full, last = split[0], split[-1]
+    count = sum(1 for s in split if s == full)
+    text = f"{count}×{full}" if count > 1 else str(full)
+    return text if last == full else f"{text} + {last}"
+
+
+def split_batch(per_rank_batch_size: int, micro_batch_size: int) -> list[int]:
+    """Micro batch sizes of one step: full ones, then the remainder if any."""
+    accum = math.ceil(per_rank_batch_size / micro_batch_size)
+    return [micro_batch_size] * (accum - 1) + [per_rank_batch_size - micro_batch_size * (accum - 1)]
+
+
+def per_rank_batch(global_batch_size: int, world_size: int) -> int:
+    """``B / W``, refusing values that cannot keep the global batch exact."""
+    if global_batch_size < 1:
+        raise BadInputError(
+            f"global batch size must be a positive integer, got {global_batch_size}"
+        )
+    if world_size < 1:
+        raise BadInputError(f"world size must be a positive integer, got {world_size}")
+    if global_batch_size % world_size:
+        raise BadInputError(
+            f"global batch size {global_batch_size} is not divisible by world size {world_size}: "
+            "choose a global batch that is a multiple of the number of ranks"
+        )
+    return global_batch_size // world_size
+
+
+def recommend(
+    *,
+    max_micro_batch_size: int,
+    probes: Sequence[ProbeResult],
+    global_batch_size: int,
+    world_size: int = 1,
+    policy: str = "max",
+    basis: Basis = "measured",
+) -> Recommendation:
+    """Choose the micro batch and accumulation steps for ``B`` samples over ``W`` ranks.
+
+    - ``max``: the largest fitting micro batch, ``min(M*, B/W)``.
+    - ``even``: the largest divisor of ``B/W`` not above ``M*`` whose throughput is within
+      5% of ``max``'s (every micro batch then has the same size).
+    - ``throughput``: the fitting probe with the highest measured samples per second.
+    """
+    if policy not in POLICIES:
+        raise BadInputError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
+    per_rank = per_rank_batch(global_batch_size, world_size)
+    if max_micro_batch_size < 1:
+        raise NothingFitsError(
+            "no micro batch size fits on this device, so no recommendation can be made"
+        )
+    largest = min(max_micro_batch_size, per_rank)
+    speeds = _measured_speeds(probes)
+    micro = largest
+    if policy == "throughput" and speeds:
+        micro = max((m for m in speeds if m <= largest), key=lambda m: speeds[m], default=largest)
+    elif policy == "even":
+        micro = _even_choice(per_rank, largest, speeds)
+    split = split_batch(per_rank, micro)
+    probe = _probe_at(probes, micro)
+    return Recommendation(
+        micro_batch_size=micro,
+        grad_accum=len(split),
+        split=split,
+        global_batch_size=global_batch_size,
+        world_size=world_size,
+        per_rank_batch_size=per_rank,
+        policy=policy,  # type: ignore[arg-type]
+        max_micro_batch_size=max_micro_batch_size,
+        expected_peak_bytes=probe.peak_bytes if probe is not None else None,
+        expected_samples_per_second=speeds.get(micro),
+        basis=basis,
+    )
+
+
+def _measured_speeds(probes: Sequence[ProbeResult]) -> dict[int, float]:
+    return {
+        p.micro_batch_size: p.samples_per_second
+        for p in probes
+        if p.fits and p.samples_per_second is not None
+    }
+
+
+def _probe_at(probes: Sequence[ProbeResult], micro_batch_size: int) -> ProbeResult | None:
+    found = [p for p in probes if p.micro_batch_size == micro_batch_size and p.fits]
+    return found[-1] if found else None
+
+
+def _even_choice(per_rank: int, largest: int, speeds: dict[int, float]) -> int:
+    if per_rank % largest == 0:
+        return largest
+    reference = speeds.get(largest)
+    if reference is None:
+        return largest
+    # Only a measured throughput may justify a smaller micro batch.
+    for divisor in range(largest - 1, 0, -1):
+        if (
+            per_rank % divisor == 0
+            and speeds.get(divisor, 0.0) >= (1 - EVEN_THROUGHPUT_TOLERANCE) * reference
+        ):
+            return divisor
+    return largest

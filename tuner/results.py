@@ -1,0 +1,157 @@
+"""What a profile is: probes, the affine fit and the answer. Torch-free, so the service,
+the client and the engine share one schema."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class MemoryBreakdown(_Frozen):
+    """Where the peak went. ``activations_bytes`` is the peak less the three resident parts,
+    so it holds activations and every temporary alive at the peak."""
+
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int
+    allocator_cache_bytes: int = 0
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes that do not depend on the micro batch size."""
+        return self.parameters_bytes + self.gradients_bytes + self.optimizer_state_bytes
+
+
+class ProbeResult(_Frozen):
+    """One measured training step at ``micro_batch_size``.
+
+    ``peak_bytes`` is the reserved peak (what the process held); ``footprint_bytes`` adds
+    memory outside torch (CUDA context, other processes) and is what the budget is
+    compared with. Peaks are ``None`` when the step ran out of memory before finishing.
+    """
+
+    micro_batch_size: int = Field(ge=1)
+    fits: bool
+    oom: bool = False
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    non_torch_bytes: int = 0
+    alloc_retries: int = 0
+    breakdown: MemoryBreakdown | None = None
+    step_time_s: float | None = None
+    samples_per_second: float | None = None
+    steps_run: int = 0
+    wall_time_s: float = 0.0
+    error: str | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def peak_bytes(self) -> int | None:
+        return self.peak_reserved_bytes
+
+    @property
+    def footprint_bytes(self) -> int | None:
+        if self.peak_reserved_bytes is None:
+            return None
+        return self.peak_reserved_bytes + self.non_torch_bytes
+
+
+class AffineFit(_Frozen):
+    """Least-squares line through measured peaks: ``footprint(m) ≈ fixed + slope·m``.
+
+    ``fixed`` is weights, gradients, optimizer state and workspaces; the slope is
+    activations per sample. It aims the search and estimates other devices; the answer
+    itself is always a probe that ran.
+    """
+
+    fixed_bytes: float
+    bytes_per_sample: float
+    points: int
+
+    def predict(self, micro_batch_size: int) -> float:
+        return self.fixed_bytes + self.bytes_per_sample * micro_batch_size
+
+    def largest_fitting(self, budget_bytes: float) -> int:
+        """Largest m with ``fixed + slope·m ≤ budget``, ``⌊(budget − fixed) / slope⌋`` or 0."""
+        if self.bytes_per_sample <= 0:
+            raise ValueError("a fit with a non-positive slope cannot predict a largest size")
+        return max(0, int((budget_bytes - self.fixed_bytes) // self.bytes_per_sample))
+
+    @classmethod
+    def through(cls, points: Sequence[tuple[int, int]]) -> AffineFit | None:
+        """Fit ``(micro_batch_size, footprint_bytes)`` points; ``None`` below two distinct sizes."""
+        sizes = {m for m, _ in points}
+        if len(sizes) < 2:
+            return None
+        n = len(points)
+        mean_m = sum(m for m, _ in points) / n
+        mean_y = sum(y for _, y in points) / n
+        var = sum((m - mean_m) ** 2 for m, _ in points)
+        cov = sum((m - mean_m) * (y - mean_y) for m, y in points)
+        slope = cov / var
+        return cls(fixed_bytes=mean_y - slope * mean_m, bytes_per_sample=slope, points=n)
+
+
+class WorkloadInfo(_Frozen):
+    name: str
+    target: str | None = None
+    precision: str
+    activation_checkpointing: bool
+    parameter_count: int
+    optimizer: str
+
+
+class DeviceInfo(_Frozen):
+    kind: str
+    name: str
+    capacity_bytes: int
+    details: dict[str, str | int | float | None] = Field(default_factory=dict)
+
+
+class ProbeSettings(_Frozen):
+    """How each probe runs. Two warm-up steps create optimizer state, workspaces and caches;
+    two micro batches per step keep gradients resident while the second one runs forward,
+    as they are during gradient accumulation."""
+
+    warmup_steps: int = Field(default=2, ge=0)
+    measure_steps: int = Field(default=1, ge=1)
+    microbatches_per_step: int = Field(default=2, ge=1)
+
+
+class Profile(_Frozen):
+    """The outcome of a search: every probe that ran and the largest size that fit."""
+
+    workload_key: str
+    device_key: str
+    workload: WorkloadInfo
+    device: DeviceInfo
+    headroom: float
+    budget_bytes: int
+    strategy: str
+    size_cap: int
+    max_micro_batch_size: int = Field(description="M*, the largest fitting size; 0 if none fits")
+    probes: list[ProbeResult]
+    oversize_probe: ProbeResult | None = Field(
+        default=None,
+        description="when nothing fits: size 1 measured whole past the capacity (CPU only)",
+    )
+    fit: AffineFit | None
+    settings: ProbeSettings
+    wall_time_s: float
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def steps_run(self) -> int:
+        return sum(p.steps_run for p in self.probes)
+
+    def probe_at(self, micro_batch_size: int) -> ProbeResult | None:
+        """The last probe that ran at this size."""
+        found = [p for p in self.probes if p.micro_batch_size == micro_batch_size]
+        return found[-1] if found else None
