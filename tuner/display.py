@@ -89,28 +89,30 @@ def print_profile(
     device = profile.device
     console.print(probe_table(profile.probes, title=f"Probes ({profile.strategy} search)"))
     console.print(
-        f"workload  {profile.workload.name}  key {profile.workload_key}\n"
-        f"device    {device.kind} {device.name}, capacity {format_bytes(device.capacity_bytes)}, "
-        f"budget {format_bytes(profile.budget_bytes)} ({profile.headroom:.0%} headroom)  "
-        f"key {profile.device_key}",
+        f"workload  {profile.workload.name} ({profile.workload_key})\n"
+        f"device    {device.kind} {device.name} ({profile.device_key})\n"
+        f"memory    capacity {format_bytes(device.capacity_bytes)}, "
+        f"budget {format_bytes(profile.budget_bytes)} ({profile.headroom:.0%} headroom)",
         highlight=False,
     )
     if profile.fit is not None:
         console.print(
             f"fit       peak ≈ {format_bytes(profile.fit.fixed_bytes)} + "
-            f"{format_bytes(profile.fit.bytes_per_sample)} × micro batch "
-            f"({profile.fit.points} probes; estimated)",
+            f"{format_bytes(profile.fit.bytes_per_sample)} × micro batch (estimated)",
             highlight=False,
         )
     found = profile.max_micro_batch_size
     steps = sum(p.steps_run for p in profile.probes)
     capped = " (the --max cap)" if found == profile.size_cap else ""
     console.print(
-        f"[bold]largest micro batch that fits: {found}{capped}[/]  "
-        f"({len(profile.probes)} probes, {steps} training steps, {profile.wall_time_s:.1f} s)"
+        f"[bold]largest micro batch that fits: {found}{capped}[/]\n"
+        f"          {len(profile.probes)} probes, {steps} training steps, "
+        f"{profile.wall_time_s:.1f} s",
+        highlight=False,
     )
     if recommendation is not None:
         console.print(
             f"[bold]for global batch {recommendation.global_batch_size}:[/] "
-            + recommendation.describe()
+            + recommendation.describe(),
+            highlight=False,
         )

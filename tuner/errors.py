@@ -44,7 +44,48 @@ class NothingFitsError(TunerError):
     code = "nothing_fits"
 
 
+class NotFoundError(TunerError):
+    """The thing asked for does not exist (yet)."""
+
+    code = "not_found"
+
+
+class ConflictError(TunerError):
+    """The request contradicts the current state (a stale lease, a finished job)."""
+
+    code = "conflict"
+
+
+class AuthenticationError(TunerError):
+    """No token, or a token that is unknown or revoked."""
+
+    code = "unauthenticated"
+
+
+class PermissionDeniedError(TunerError):
+    """A valid token without the scope this action needs."""
+
+    code = "forbidden"
+
+
+class ServiceUnavailableError(TunerError):
+    """The service could not be reached or did not answer in time."""
+
+    code = "unavailable"
+
+
 ERRORS_BY_CODE: dict[str, type[TunerError]] = {
     cls.code: cls
-    for cls in (TunerError, BadInputError, WorkloadError, DeviceUnavailableError, NothingFitsError)
+    for cls in (
+        TunerError,
+        BadInputError,
+        WorkloadError,
+        DeviceUnavailableError,
+        NothingFitsError,
+        NotFoundError,
+        ConflictError,
+        AuthenticationError,
+        PermissionDeniedError,
+        ServiceUnavailableError,
+    )
 }

@@ -45,16 +45,18 @@ class Recommendation(BaseModel):
     def describe(self) -> str:
         """One sentence a person reads: the settings and how a step splits."""
         ranks = f" × {self.world_size} ranks" if self.world_size > 1 else ""
-        head = (
-            f"micro batch {self.micro_batch_size}, {self.grad_accum} accumulation step"
-            f"{'s' if self.grad_accum != 1 else ''}{ranks} = global batch {self.global_batch_size}"
-        )
-        if len(set(self.split)) > 1:
-            head += (
-                f"; the last micro batch of each step has {self.split[-1]} samples "
-                f"(split {format_split(self.split)})"
+        steps = f"{self.grad_accum} accumulation step{'s' if self.grad_accum != 1 else ''}"
+        if len(set(self.split)) == 1:
+            return (
+                f"micro batch {self.micro_batch_size} × {steps}{ranks} "
+                f"= global batch {self.global_batch_size}"
             )
-        return head
+        return (
+            f"micro batch {self.micro_batch_size}, {steps}: "
+            f"{format_split(self.split)} = {self.per_rank_batch_size} samples a step{ranks} "
+            f"= global batch {self.global_batch_size} (the last micro batch of each step "
+            f"has {self.split[-1]} samples)"
+        )
 
 
 def format_split(split: Sequence[int]) -> str:

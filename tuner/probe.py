@@ -97,6 +97,7 @@ class Prober:
             peak_reserved_bytes=reading.reserved_bytes,
             non_torch_bytes=non_torch,
             alloc_retries=reading.alloc_retries,
+            phase_peaks_bytes=reading.phases,
             breakdown=outcome.breakdown,
             step_time_s=outcome.step_time_s,
             samples_per_second=samples / outcome.step_time_s if outcome.step_time_s > 0 else None,
@@ -118,7 +119,7 @@ class Prober:
             start = time.perf_counter()
             for _ in range(self.settings.measure_steps):
                 progress.steps += 1
-                self._step(batch, scaler)
+                self._step(batch, scaler, reading)
             self.backend.synchronize()
             step_time = (time.perf_counter() - start) / self.settings.measure_steps
         breakdown = self._breakdown(reading)
@@ -131,7 +132,12 @@ class Prober:
             step_time = time.perf_counter() - start
         return _StepsOutcome(reading, breakdown, step_time)
 
-    def _step(self, batch: Batch, scaler: torch.amp.GradScaler | None) -> None:
+    def _step(
+        self, batch: Batch, scaler: torch.amp.GradScaler | None, reading: PeakReading | None = None
+    ) -> None:
+        """One optimizer step over ``microbatches_per_step`` micro batches. With ``reading``,
+        the peaks of its two phases are recorded apart: they grow differently with the
+        batch, and the search fits each on its own."""
         count = self.settings.microbatches_per_step
         self.optimizer.zero_grad(set_to_none=True)
         for _ in range(count):
@@ -141,11 +147,15 @@ class Prober:
             loss = loss / count
             (scaler.scale(loss) if scaler is not None else loss).backward()
             del loss
+        if reading is not None:
+            self.backend.end_phase(reading, "accumulate")
         if scaler is not None:
             scaler.step(self.optimizer)
             scaler.update()
         else:
             self.optimizer.step()
+        if reading is not None:
+            self.backend.end_phase(reading, "optimizer")
 
     def _autocast(self) -> torch.autocast | nullcontext[None]:
         dtype = _AUTOCAST_DTYPES.get(self.workload.precision)

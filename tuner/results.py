@@ -44,6 +44,11 @@ class ProbeResult(_Frozen):
     peak_reserved_bytes: int | None = None
     non_torch_bytes: int = 0
     alloc_retries: int = 0
+    phase_peaks_bytes: dict[str, int] = Field(
+        default_factory=dict,
+        description="allocated peak of each phase of a step: 'accumulate' (forward and "
+        "backward of every micro batch) and 'optimizer' (the optimizer step)",
+    )
     breakdown: MemoryBreakdown | None = None
     step_time_s: float | None = None
     samples_per_second: float | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -14,11 +14,22 @@ from tuner.results import DeviceInfo
 
 @dataclass
 class PeakReading:
-    """Filled in when a ``Backend.track`` block exits normally."""
+    """Peaks of a ``Backend.track`` block, complete when the block exits normally.
+
+    ``phases`` holds the allocated peak of each named phase of a step (the largest over
+    the block's steps), as marked with ``Backend.end_phase``.
+    """
 
     allocated_bytes: int = 0
     reserved_bytes: int = 0
     alloc_retries: int = 0
+    phases: dict[str, int] = field(default_factory=dict)
+
+    def add(self, allocated: int, reserved: int, phase: str | None = None) -> None:
+        self.allocated_bytes = max(self.allocated_bytes, allocated)
+        self.reserved_bytes = max(self.reserved_bytes, reserved)
+        if phase is not None:
+            self.phases[phase] = max(self.phases.get(phase, 0), allocated)
 
 
 class Backend(ABC):
@@ -47,6 +58,11 @@ class Backend(ABC):
         (weights, gradients, optimizer state) so that a backend that only sees new
         allocations can count them. Going over the capacity raises an out-of-memory
         error, unless ``enforce_capacity`` is false and the backend can lift it."""
+
+    @abstractmethod
+    def end_phase(self, reading: PeakReading, phase: str) -> None:
+        """Inside ``track``: fold the peak since the last phase into ``reading`` under
+        ``phase`` and start the next phase's peak from the memory live now."""
 
     def non_torch_bytes(self) -> int:
         """Memory of this device held outside torch's allocator right now."""

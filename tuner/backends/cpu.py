@@ -94,9 +94,11 @@ class LiveBytesTracker(TorchDispatchMode):
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
             if self.limit_bytes is not None and self.live_bytes > self.limit_bytes:
+                # Read the total before `del out` frees the refused storage and lowers it.
+                live = self.live_bytes
                 del out
                 raise torch.OutOfMemoryError(
-                    f"CPU memory limit exceeded: {format_bytes(self.live_bytes)} live "
+                    f"CPU memory limit exceeded: {format_bytes(live)} live "
                     f"after {func}, limit {format_bytes(self.limit_bytes)}"
                 )
         return out
@@ -113,6 +115,7 @@ class CpuBackend(Backend):
             raise ValueError("the CPU memory limit must be positive")
         self.device = torch.device("cpu")
         self.capacity_bytes = limit_bytes
+        self._tracker: LiveBytesTracker | None = None
 
     def describe(self) -> DeviceInfo:
         return DeviceInfo(
@@ -141,6 +144,16 @@ class CpuBackend(Backend):
         reading = PeakReading()
         tracker = LiveBytesTracker(self.capacity_bytes if enforce_capacity else None)
         tracker.register(resident)
-        with tracker:
-            yield reading
-        reading.allocated_bytes = reading.reserved_bytes = tracker.peak_bytes
+        self._tracker = tracker
+        try:
+            with tracker:
+                yield reading
+        finally:
+            self._tracker = None
+        reading.add(tracker.peak_bytes, tracker.peak_bytes)
+
+    def end_phase(self, reading: PeakReading, phase: str) -> None:
+        if self._tracker is None:
+            raise RuntimeError("end_phase is only meaningful inside track()")
+        reading.add(self._tracker.peak_bytes, self._tracker.peak_bytes, phase)
+        self._tracker.reset_peak()

@@ -102,7 +102,18 @@ class CudaBackend(Backend):
         retries_before = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
         yield reading
         self.synchronize()
-        reading.allocated_bytes = torch.cuda.max_memory_allocated(self.device)
-        reading.reserved_bytes = torch.cuda.max_memory_reserved(self.device)
+        reading.add(
+            torch.cuda.max_memory_allocated(self.device),
+            torch.cuda.max_memory_reserved(self.device),
+        )
         retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
         reading.alloc_retries = int(retries - retries_before)
+
+    def end_phase(self, reading: PeakReading, phase: str) -> None:
+        self.synchronize()
+        reading.add(
+            torch.cuda.max_memory_allocated(self.device),
+            torch.cuda.max_memory_reserved(self.device),
+            phase,
+        )
+        torch.cuda.reset_peak_memory_stats(self.device)

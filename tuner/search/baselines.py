@@ -5,22 +5,32 @@ not be ``M*``; a trial's cost (steps per trial) is the caller's probe settings.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tuner.search.core import ProbeFn, SearchOutcome, SearchRecorder
 
 
 def lightning_power(
     probe: ProbeFn, *, cap: int, init_val: int = 2, max_trials: int = 25
 ) -> SearchOutcome:
-    """Lightning ``mode="power"``: double from ``init_val`` until an OOM, keep the last success."""
+    """Lightning ``mode="power"``: double from ``init_val`` until an OOM, keep the last success.
+
+    An OOM before any success halves the size and tries again.
+    """
     search = SearchRecorder(probe, cap)
     size, found = min(init_val, cap), 0
     for _ in range(max_trials):
-        if not search.run(size).fits:
+        if search.run(size).fits:
+            found = size
+            if size >= cap:
+                break
+            size = min(2 * size, cap)
+        elif found:
             break
-        found = size
-        if size >= cap:
-            break
-        size = min(2 * size, cap)
+        elif size == 1:
+            break  # nothing left to halve to
+        else:
+            size //= 2
     return SearchOutcome(found, search.probes)
 
 
@@ -63,7 +73,7 @@ def composer_halving(probe: ProbeFn, *, cap: int, batch_size: int | None = None)
     return SearchOutcome(size, search.probes)
 
 
-BASELINES = {
+BASELINES: dict[str, Callable[..., SearchOutcome]] = {
     "lightning-power": lightning_power,
     "lightning-binsearch": lightning_binsearch,
     "accelerate": accelerate_shrink,

@@ -24,14 +24,19 @@ def model_search(probe: ProbeFn, *, cap: int, budget_bytes: int) -> SearchOutcom
     """Aim at the predicted ``M*`` and confirm the boundary with probes.
 
     Peak memory is close to affine in the micro batch size, ``peak(m) ≈ a + b·m``, so
-    ``M* ≈ ⌊(budget − a) / b⌋``. The first aim comes from probe 1 alone: ``a`` is the
-    resident part of its breakdown (weights, gradients, optimizer state), ``b`` the rest.
-    That over-states ``b`` (temporaries that do not grow with the batch count as
-    activations), so the first aim lands low and safe. Later aims take the secant through
-    the measured peaks nearest the boundary. Aims stay strictly inside the bracket, so
-    every probe narrows it. A bisection step replaces the aim when no slope is known, when
-    a failed probe contradicts the prediction, or when aims have twice running failed to
-    halve the bracket. The search ends when ``M*`` fits and ``M* + 1`` does not.
+    ``M* ≈ ⌊(budget − a) / b⌋``. A step has two phases whose peaks grow differently: the
+    forward and backward of the micro batches (activations: steep) and the optimizer step
+    (weight-sized temporaries: nearly flat). The peak is the larger of the two, so each is
+    fitted on its own and ``M*`` is the smallest of their predictions.
+
+    The first aim comes from probe 1 alone: the forward/backward peak less the resident
+    weights, gradients and optimizer state is taken as the per-sample slope. That
+    over-states it (weight-sized temporaries count too), so the aim lands low and safe.
+    Later aims take, per phase, the secant through the measured peaks nearest the
+    boundary. Aims stay strictly inside the bracket, so every probe narrows it. A
+    bisection step replaces the aim when no slope is known, when a failed probe
+    contradicts the prediction, or when aims have twice running failed to halve the
+    bracket. The search ends when ``M*`` fits and ``M* + 1`` does not.
     """
     search = SearchRecorder(probe, cap)
     if not search.run(1).fits or cap == 1:
@@ -47,34 +52,64 @@ def model_search(probe: ProbeFn, *, cap: int, budget_bytes: int) -> SearchOutcom
     return search.outcome()
 
 
+# The optimizer step's memory does not grow with the batch beyond the batch itself, so a
+# single point says nothing about its slope; it is fitted once two sizes have run.
+_FLAT_UNTIL_MEASURED = {"optimizer"}
+
+
 def _aim(search: SearchRecorder, budget_bytes: int) -> int | None:
-    """The predicted boundary clamped into ``(lo, hi)``; ``None`` when no slope is known."""
+    """The predicted boundary clamped into ``(lo, hi)``; ``None`` when the model cannot aim."""
     lo, hi = search.lo, search.hi
-    measured = {
-        size: result.footprint_bytes
-        for size, result in search.by_size.items()
-        if result.footprint_bytes is not None
-    }
-    anchor = measured.get(lo)
-    if anchor is None:
+    anchor = search.by_size[lo]
+    if anchor.footprint_bytes is None or anchor.peak_allocated_bytes is None:
         return None
-    slope = _slope(search, measured, lo, hi)
-    if slope is None or slope <= 0:
-        return None
-    predicted = lo + int((budget_bytes - anchor) // slope)
+    if anchor.phase_peaks_bytes:
+        # Phases are allocated bytes; the allocator cache and memory outside torch at lo
+        # stand on top of them.
+        limit = budget_bytes - (anchor.footprint_bytes - anchor.peak_allocated_bytes)
+    else:
+        limit = budget_bytes
+    predictions = []
+    for phase, points in _curves(search).items():
+        if lo not in points:
+            return None
+        slope = _slope(search, phase, points, lo, hi)
+        if slope is None:
+            if phase in _FLAT_UNTIL_MEASURED:
+                continue
+            return None
+        if slope > 0:  # a phase whose peak does not grow never binds
+            predictions.append(lo + int((limit - points[lo]) // slope))
+    predicted = min(predictions, default=search.cap)
     if predicted >= hi <= search.cap:
         return None  # a probe that ran contradicts the model here: bisect instead
     return min(max(predicted, lo + 1), hi - 1)
 
 
-def _slope(search: SearchRecorder, measured: dict[int, int], lo: int, hi: int) -> float | None:
-    anchor = measured[lo]
-    if hi in measured:  # a failure with a known peak: interpolate across the bracket
-        return (measured[hi] - anchor) / (hi - lo)
-    below = [size for size in measured if size < lo]
+def _curves(search: SearchRecorder) -> dict[str, dict[int, int]]:
+    """Measured points per phase, or of the whole footprint when phases were not recorded."""
+    completed = [r for r in search.by_size.values() if r.footprint_bytes is not None]
+    if search.by_size[search.lo].phase_peaks_bytes:
+        curves: dict[str, dict[int, int]] = {}
+        for result in completed:
+            for phase, peak in result.phase_peaks_bytes.items():
+                curves.setdefault(phase, {})[result.micro_batch_size] = peak
+        return curves
+    return {"footprint": {r.micro_batch_size: r.footprint_bytes for r in completed}}  # type: ignore[misc]
+
+
+def _slope(
+    search: SearchRecorder, phase: str, points: dict[int, int], lo: int, hi: int
+) -> float | None:
+    anchor = points[lo]
+    if hi in points:  # a failure with a known peak: interpolate across the bracket
+        return (points[hi] - anchor) / (hi - lo)
+    below = [size for size in points if size < lo]
     if below:  # the secant through the nearest smaller probe: the most local slope
         other = max(below)
-        return (anchor - measured[other]) / (lo - other)
+        return (anchor - points[other]) / (lo - other)
+    if phase in _FLAT_UNTIL_MEASURED:
+        return None
     breakdown = search.by_size[lo].breakdown
     if breakdown is None:
         return None

@@ -1,0 +1,33 @@
+"""The service's settings: one pydantic-settings class, environment prefix ``TUNER_``."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from platformdirs import user_data_path
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_database_url() -> str:
+    """An SQLite file in the user's data directory, e.g. ``~/.local/share/microbatch-tuner``."""
+    directory: Path = user_data_path("microbatch-tuner", appauthor=False)
+    return f"sqlite:///{directory / 'tuner.db'}"
+
+
+class ServiceSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TUNER_", extra="ignore")
+
+    database_url: str = Field(default_factory=default_database_url)
+    public_reads: bool = Field(default=False, description="answer GET requests without a token")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 1024 * 1024
+    lease_seconds: float = Field(default=60.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> ServiceSettings:
+    return ServiceSettings()

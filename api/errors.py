@@ -1,0 +1,65 @@
+"""Errors as HTTP: one JSON shape, ``{"error": {"code", "message", "fields"?}}``, and one
+status per error code. The client rebuilds the same exception type from ``code``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tuner.errors import TunerError
+
+STATUS_BY_CODE = {
+    "bad_input": 422,
+    "bad_workload": 422,
+    "device_unavailable": 422,
+    "nothing_fits": 409,
+    "not_found": 404,
+    "conflict": 409,
+    "unauthenticated": 401,
+    "forbidden": 403,
+    "unavailable": 503,
+    "payload_too_large": 413,
+}
+
+
+def error_body(
+    code: str, message: str, fields: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if fields is not None:
+        error["fields"] = fields
+    return {"error": error}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(TunerError)
+    async def _tuner_error(_request: Request, exc: TunerError) -> JSONResponse:
+        status = STATUS_BY_CODE.get(exc.code, 400)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse(error_body(exc.code, exc.message), status_code=status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = [
+            {
+                "location": [str(part) for part in err.get("loc", ())],
+                "message": str(err.get("msg", "")),
+                "type": str(err.get("type", "")),
+            }
+            for err in exc.errors()
+        ]
+        summary = "; ".join(f"{'.'.join(f['location'])}: {f['message']}" for f in fields[:5])
+        return JSONResponse(
+            error_body("bad_input", f"invalid request: {summary}", fields), status_code=422
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+            exc.status_code, "http_error"
+        )
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)

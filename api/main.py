@@ -1,0 +1,57 @@
+"""The FastAPI application: ``create_app(settings)`` builds one; ``tuner serve`` runs it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api import migrate
+from api.config import ServiceSettings
+from api.db import Database
+from api.errors import install_error_handlers
+from api.limits import BodySizeLimit
+from api.routes import health
+from tuner import __version__
+from tuner.errors import BadInputError
+
+API_PREFIX = "/api/v1"
+
+
+def prepare_database(settings: ServiceSettings) -> None:
+    """SQLite is created and migrated on first start; PostgreSQL must be at the head
+    revision already (`tuner db upgrade`), since a fleet's schema changes deliberately."""
+    if settings.database_url.startswith("sqlite"):
+        migrate.upgrade(settings.database_url)
+        return
+    current, head = migrate.current_revision(settings.database_url), migrate.head_revision()
+    if current != head:
+        raise BadInputError(
+            f"the database is at schema revision {current or '(empty)'} but this service "
+            f"needs {head}: run `tuner db upgrade` with the same TUNER_DATABASE_URL"
+        )
+
+
+def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+    settings = settings or ServiceSettings()
+    prepare_database(settings)
+    database = Database(settings.database_url)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        database.dispose()
+
+    app = FastAPI(
+        title="microbatch-tuner",
+        version=__version__,
+        summary="Measured micro batch sizes and gradient-accumulation steps for PyTorch training",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.db = database
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(health.router)
+    return app

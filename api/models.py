@@ -1,0 +1,223 @@
+"""Tables: devices, workloads, profiles and their probes, jobs, workers, tokens, OOM reports.
+
+Byte counts are 64-bit. Timestamps are stored in UTC and read back timezone-aware on
+every database. Constraint names follow one convention so that migrations can name them
+on SQLite (batch mode) and PostgreSQL alike.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that is always timezone-aware UTC in Python, whatever the database keeps."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are ambiguous; pass a timezone-aware one")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(),
+    }
+
+
+class Device(Base):
+    __tablename__ = "devices"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    capacity_bytes: Mapped[int] = mapped_column(BigInteger)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Workload(Base):
+    __tablename__ = "workloads"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    target: Mapped[str | None] = mapped_column(String(500))
+    precision: Mapped[str] = mapped_column(String(8))
+    activation_checkpointing: Mapped[bool] = mapped_column(Boolean)
+    parameter_count: Mapped[int] = mapped_column(BigInteger)
+    optimizer: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Profile(Base):
+    """One search's outcome. Written whole with its probes in one transaction; older
+    profiles of the same workload and device stay as history."""
+
+    __tablename__ = "profiles"
+    __table_args__ = (
+        Index("ix_profiles_workload_device_created", "workload_id", "device_id", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    headroom: Mapped[float] = mapped_column(Float)
+    budget_bytes: Mapped[int] = mapped_column(BigInteger)
+    strategy: Mapped[str] = mapped_column(String(32))
+    size_cap: Mapped[int] = mapped_column(Integer)
+    max_micro_batch_size: Mapped[int] = mapped_column(Integer)
+    fit_fixed_bytes: Mapped[float | None] = mapped_column(Float)
+    fit_bytes_per_sample: Mapped[float | None] = mapped_column(Float)
+    fit_points: Mapped[int | None] = mapped_column(Integer)
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    oversize_probe: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    wall_time_s: Mapped[float] = mapped_column(Float)
+
+    workload: Mapped[Workload] = relationship(lazy="joined", innerjoin=True)
+    device: Mapped[Device] = relationship(lazy="joined", innerjoin=True)
+    probes: Mapped[list[Probe]] = relationship(
+        back_populates="profile",
+        order_by="Probe.ordinal",
+        cascade="all, delete-orphan",
+        lazy="selectin",
+    )
+
+
+class Probe(Base):
+    __tablename__ = "probes"
+    __table_args__ = (UniqueConstraint("profile_id", "ordinal"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    profile_id: Mapped[int] = mapped_column(ForeignKey("profiles.id", ondelete="CASCADE"))
+    ordinal: Mapped[int] = mapped_column(Integer)
+    micro_batch_size: Mapped[int] = mapped_column(Integer)
+    fits: Mapped[bool] = mapped_column(Boolean)
+    oom: Mapped[bool] = mapped_column(Boolean)
+    peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    peak_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    non_torch_bytes: Mapped[int] = mapped_column(BigInteger)
+    alloc_retries: Mapped[int] = mapped_column(Integer)
+    phase_peaks_bytes: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    breakdown: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    step_time_s: Mapped[float | None] = mapped_column(Float)
+    samples_per_second: Mapped[float | None] = mapped_column(Float)
+    steps_run: Mapped[int] = mapped_column(Integer)
+    wall_time_s: Mapped[float] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+
+    profile: Mapped[Profile] = relationship(back_populates="probes")
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), index=True)
+    registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    device: Mapped[Device] = relationship(lazy="joined", innerjoin=True)
+
+
+class Job(Base):
+    """A profiling job. ``device`` is the device key or device name it must run on.
+
+    A claim sets ``lease_id`` and ``lease_expires_at``; a result is accepted only under the
+    current lease, so a worker whose lease expired cannot store a second result.
+    """
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_status_device", "status", "device"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target: Mapped[str] = mapped_column(String(500))
+    options: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    device: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"))
+    lease_id: Mapped[str | None] = mapped_column(String(64))
+    lease_expires_at: Mapped[datetime | None] = mapped_column()
+    profile_id: Mapped[int | None] = mapped_column(ForeignKey("profiles.id", ondelete="SET NULL"))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiToken(Base):
+    """An API token. Only its SHA-256 is kept; ``prefix`` lets a person tell tokens apart."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    prefix: Mapped[str] = mapped_column(String(32))
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column()
+    revoked_at: Mapped[datetime | None] = mapped_column()
+
+
+class OomReport(Base):
+    """An out-of-memory seen in training at ``micro_batch_size``: recommendations for this
+    workload and device stay below it until a newer profile exists."""
+
+    __tablename__ = "oom_reports"
+    __table_args__ = (Index("ix_oom_reports_workload_device", "workload_id", "device_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    micro_batch_size: Mapped[int] = mapped_column(Integer)
+    message: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

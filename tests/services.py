@@ -1,0 +1,140 @@
+"""Real services for tests: a throwaway PostgreSQL cluster and a uvicorn server in a thread.
+
+PostgreSQL comes from ``TUNER_TEST_POSTGRES_URL`` when set; otherwise a private cluster
+is started from the installed server binaries (Debian's ``postgresql`` package, which
+``.ci/run`` installs). Where neither exists the PostgreSQL tests skip, except under
+``CI=true``, where they fail: CI must run them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _postgres_bin() -> Path | None:
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)
+    if candidates:
+        return Path(candidates[0]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def _as_postgres_user() -> list[str]:
+    # The server refuses to run as root; Debian's package provides the postgres user.
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--"]
+    return []
+
+
+@contextlib.contextmanager
+def throwaway_postgres() -> Iterator[str]:
+    """Start a private cluster on a free port; yield a URL for a superuser database."""
+    configured = os.environ.get("TUNER_TEST_POSTGRES_URL")
+    if configured:
+        yield configured
+        return
+    bindir = _postgres_bin()
+    if bindir is None:
+        message = "PostgreSQL server binaries not found (apt-get install postgresql)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + ": CI must run the PostgreSQL tests")
+        pytest.skip(message)
+    root = Path(tempfile.mkdtemp(prefix="tuner-pg-"))
+    data, sockets = root / "data", root / "sock"
+    sockets.mkdir()
+    runner = _as_postgres_user()
+    if runner:
+        shutil.chown(root, "postgres")
+        shutil.chown(sockets, "postgres")
+    port = free_port()
+    subprocess.run(
+        [
+            *runner,
+            str(bindir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "tuner",
+            "--auth=trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    options = (
+        f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+    )
+    subprocess.run(
+        [
+            *runner,
+            str(bindir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-o",
+            options,
+            "-w",
+            "-l",
+            str(root / "log"),
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield f"postgresql://tuner@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            [*runner, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+            capture_output=True,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class ServerThread:
+    """A real uvicorn server for ``app`` on a free loopback port, in a daemon thread."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start within 10 seconds")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
