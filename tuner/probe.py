@@ -28,6 +28,15 @@ from tuner.workload import Workload
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def fits_budget(reading: PeakReading, *, non_torch_bytes: int, budget_bytes: int) -> bool:
+    """``peak reserved + non-torch ≤ budget`` and no allocator retries.
+
+    A retry means the caching allocator had to free its cache and try again to satisfy a
+    request: the size runs only by thrashing, and a slightly longer input would not run.
+    """
+    return reading.reserved_bytes + non_torch_bytes <= budget_bytes and reading.alloc_retries == 0
+
+
 class Prober:
     """Runs probes of one workload on one backend. Use as a context manager: leaving it
     puts the user's objects back one last time."""
@@ -86,9 +95,7 @@ class Prober:
                 error=error,
             )
         reading = outcome.reading
-        fits = (
-            reading.reserved_bytes + non_torch <= self.budget_bytes and reading.alloc_retries == 0
-        )
+        fits = fits_budget(reading, non_torch_bytes=non_torch, budget_bytes=self.budget_bytes)
         samples = micro_batch_size * self.settings.microbatches_per_step
         return ProbeResult(
             micro_batch_size=micro_batch_size,
