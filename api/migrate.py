@@ -11,7 +11,9 @@ from alembic.script import ScriptDirectory
 
 from api.db import create_db_engine
 
-MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+# Installed, api/migrations is a package inside the wheel; in a checkout it is a link to
+# the top-level migrations/ folder.
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
 def alembic_config(url: str) -> Config:

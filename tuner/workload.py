@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
@@ -127,6 +129,10 @@ def load_workload(target: str, options: Mapping[str, object] | None = None) -> W
         raise WorkloadError(
             f"target {target!r} must look like package.module:function, e.g. examples.mlp:workload"
         )
+    # Like `python -m`, look in the current directory first: that is where a user's
+    # training code lives when they run `tuner profile mymodule:workload`.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
