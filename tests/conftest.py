@@ -4,6 +4,23 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+
+# No deadline: a 2-core CI machine runs examples at uneven speed, and a deadline would
+# turn scheduling noise into failures. No database: nothing is written into the repo.
+settings.register_profile(
+    "repo",
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("repo")
+
+# A probe runs hundreds of tiny operators under the CPU tracker, each one an OpenMP
+# parallel region. On a small shared machine the second thread is often descheduled and
+# every operator waits for it (measured: 3 s instead of 0.03 s per CNN probe). Memory
+# peaks do not depend on the thread count, so the tests run torch on one thread.
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -125,7 +125,9 @@ def parse_options(pairs: list[str]) -> dict[str, object]:
 def load_workload(target: str, options: Mapping[str, object] | None = None) -> Workload:
     """Import ``package.module:function`` and call it with ``options`` to get a Workload."""
     module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
+    # Every dotted part must be a name: importlib takes ".mod" as a relative import and
+    # raises TypeError instead of ImportError.
+    if not sep or not attr or not all(part.isidentifier() for part in module_name.split(".")):
         raise WorkloadError(
             f"target {target!r} must look like package.module:function, e.g. examples.mlp:workload"
         )

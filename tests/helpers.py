@@ -1,0 +1,56 @@
+"""Helpers for tests that run the real interpreter and the real ``tuner`` command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment of a child process that imports the repo's packages and tests."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH", "")])]
+    )
+    # Rich must not think it talks to a terminal, and must not wrap one-line messages.
+    env.pop("FORCE_COLOR", None)
+    env["COLUMNS"] = "200"
+    env["TERM"] = "dumb"
+    # One torch thread, as in this process (see conftest.py).
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def run_python(code: str, *, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter of this virtualenv, from the repo root."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def tuner_executable() -> Path:
+    """The ``tuner`` console script installed next to this interpreter."""
+    return Path(sys.executable).parent / "tuner"
+
+
+def run_tuner(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the real ``tuner`` command as a subprocess from the repo root."""
+    return subprocess.run(
+        [str(tuner_executable()), *args],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
