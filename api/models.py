@@ -100,13 +100,26 @@ class Profile(Base):
 
     __tablename__ = "profiles"
     __table_args__ = (
-        Index("ix_profiles_workload_device_created", "workload_id", "device_id", "created_at"),
+        # The newest profile of a pair is one index probe. Unique, so that an upload sent
+        # twice (a retry after a lost response) is recognised instead of stored twice.
+        Index(
+            "uq_profiles_workload_device_created",
+            "workload_id",
+            "device_id",
+            "created_at",
+            unique=True,
+        ),
+        # Listing is newest first with keyset pagination on (created_at, id), unfiltered or
+        # filtered by workload or by device; each order has an index that yields it directly.
+        Index("ix_profiles_created_id", "created_at", "id"),
+        Index("ix_profiles_workload_created_id", "workload_id", "created_at", "id"),
+        Index("ix_profiles_device_created_id", "device_id", "created_at", "id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), index=True)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
     headroom: Mapped[float] = mapped_column(Float)
     budget_bytes: Mapped[int] = mapped_column(BigInteger)
     strategy: Mapped[str] = mapped_column(String(32))

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Literal, NoReturn, get_args
 
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import BadInputError, NothingFitsError
-from tuner.results import ProbeResult
+from tuner.results import AffineFit, ProbeResult, Profile
 
 Policy = Literal["max", "even", "throughput"]
 POLICIES: tuple[str, ...] = get_args(Policy)
@@ -41,6 +41,8 @@ class Recommendation(BaseModel):
     expected_peak_bytes: int | None
     expected_samples_per_second: float | None
     basis: Basis
+    # Device capacity less the expected footprint; None where either is unknown.
+    expected_headroom_bytes: int | None = None
 
     def describe(self) -> str:
         """One sentence a person reads: the settings and how a step splits."""
@@ -97,6 +99,7 @@ def recommend(
     world_size: int = 1,
     policy: str = "max",
     basis: Basis = "measured",
+    capacity_bytes: int | None = None,
 ) -> Recommendation:
     """Choose the micro batch and accumulation steps for ``B`` samples over ``W`` ranks.
 
@@ -121,6 +124,7 @@ def recommend(
         micro = _even_choice(per_rank, largest, speeds)
     split = split_batch(per_rank, micro)
     probe = _probe_at(probes, micro)
+    footprint = probe.footprint_bytes if probe is not None else None
     return Recommendation(
         micro_batch_size=micro,
         grad_accum=len(split),
@@ -133,6 +137,114 @@ def recommend(
         expected_peak_bytes=probe.peak_bytes if probe is not None else None,
         expected_samples_per_second=speeds.get(micro),
         basis=basis,
+        expected_headroom_bytes=(
+            capacity_bytes - footprint
+            if capacity_bytes is not None and footprint is not None
+            else None
+        ),
+    )
+
+
+def below_oom(max_micro_batch_size: int, oom_limit: int | None) -> int:
+    """``M*`` once training reported running out of memory at ``oom_limit``: below it."""
+    if oom_limit is None:
+        return max_micro_batch_size
+    return max(0, min(max_micro_batch_size, oom_limit - 1))
+
+
+def estimate_max_micro_batch(
+    fit: AffineFit, capacity_bytes: int, headroom: float, *, size_cap: int | None = None
+) -> int:
+    """``M*`` on a device that was never profiled, from another device's affine fit: the
+    largest ``m`` with ``fixed + slope·m ≤ (1 − headroom) × capacity``, at most ``size_cap``
+    (the search never looks above it, so neither does the estimate)."""
+    if not 0 <= headroom < 1:
+        raise BadInputError(f"headroom {headroom} is outside [0, 1): give e.g. 0.05")
+    if fit.bytes_per_sample <= 0:
+        raise BadInputError(
+            "the fit has no positive bytes per sample, so it cannot estimate a largest size: "
+            "profile the workload on this device instead"
+        )
+    budget = (1 - headroom) * capacity_bytes
+    # A tiny slope would put the quotient past any integer; the cap bounds it first.
+    if size_cap is not None and budget - fit.fixed_bytes >= fit.bytes_per_sample * (size_cap + 1):
+        return size_cap
+    return fit.largest_fitting(budget)
+
+
+def recommend_measured(
+    profile: Profile,
+    *,
+    global_batch_size: int,
+    world_size: int = 1,
+    policy: str = "max",
+    oom_limit: int | None = None,
+) -> Recommendation:
+    """The recommendation from a profile of this very device, kept below a reported OOM."""
+    largest = below_oom(profile.max_micro_batch_size, oom_limit)
+    if largest < 1:
+        _nothing_fits(profile.max_micro_batch_size, oom_limit, estimated=False)
+    return recommend(
+        max_micro_batch_size=largest,
+        probes=profile.probes,
+        global_batch_size=global_batch_size,
+        world_size=world_size,
+        policy=policy,
+        capacity_bytes=profile.device.capacity_bytes,
+    )
+
+
+def recommend_estimated(
+    fit: AffineFit,
+    *,
+    capacity_bytes: int,
+    headroom: float,
+    size_cap: int | None = None,
+    global_batch_size: int,
+    world_size: int = 1,
+    policy: str = "max",
+    oom_limit: int | None = None,
+) -> Recommendation:
+    """The recommendation for a device never profiled, from another device's fit.
+
+    Throughput does not carry over between devices, so every policy falls back to ``max``'s
+    choice among sizes with unknown speed; the expected peak is the fit's footprint.
+    """
+    estimated = estimate_max_micro_batch(fit, capacity_bytes, headroom, size_cap=size_cap)
+    largest = below_oom(estimated, oom_limit)
+    if largest < 1:
+        _nothing_fits(estimated, oom_limit, estimated=True)
+    chosen = recommend(
+        max_micro_batch_size=largest,
+        probes=(),
+        global_batch_size=global_batch_size,
+        world_size=world_size,
+        policy=policy,
+        basis="estimated",
+    )
+    peak = round(fit.predict(chosen.micro_batch_size))
+    return chosen.model_copy(
+        update={"expected_peak_bytes": peak, "expected_headroom_bytes": capacity_bytes - peak}
+    )
+
+
+def _nothing_fits(found: int, oom_limit: int | None, *, estimated: bool) -> NoReturn:
+    if found >= 1:
+        raise NothingFitsError(
+            f"training reported running out of memory at micro batch {oom_limit}, so no "
+            "smaller size is left: profile the workload on this device again (a newer "
+            "profile lifts the limit), or reduce memory per sample"
+        )
+    if estimated:
+        raise NothingFitsError(
+            "estimated from another device's fit, not even a micro batch of 1 fits this "
+            "device's memory: profile the workload on this device to measure it, or use a "
+            "larger device"
+        )
+    raise NothingFitsError(
+        "the profile found that not even a micro batch of 1 fits on this device: reduce "
+        "memory per sample (activation checkpointing, lower precision, shorter inputs) or "
+        "use a device with more memory"
     )
 
 

@@ -1,28 +1,57 @@
 """Devices, workloads and profiles. A profile is written whole, with its device, workload
-and probes, inside the caller's one transaction, or not at all."""
+and probes, inside the caller's one transaction, or not at all.
+
+Writes are safe under concurrency on both databases: a new device or workload is inserted
+with ``ON CONFLICT DO NOTHING`` and read back, so two first uploads from one device never
+collide, and a profile sent twice (a retry after a lost response) is stored once.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy import ColumnElement, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import InstrumentedAttribute, Session, lazyload
 
 from api import models
+from api.schemas.common import PageQuery
+from api.schemas.devices import DeviceCreate
+from api.schemas.profiles import ProfilePublic, ProfileQuery, ProfileSummary
+from api.schemas.workloads import WorkloadCreate
+from api.store.paging import keyset_page
 from tuner import results
+from tuner.errors import BadInputError, ConflictError, NotFoundError
+
+# How many candidates an ambiguous name lists in its error message.
+_LISTED = 5
+
+
+def _insert_if_missing(session: Session, table: Any, values: dict[str, Any]) -> None:
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    session.execute(insert(table).values(**values).on_conflict_do_nothing(index_elements=["key"]))
 
 
 def upsert_device(session: Session, key: str, info: results.DeviceInfo) -> models.Device:
     """The device with ``key``, created from ``info`` if new (a key names its properties)."""
     device = session.scalar(select(models.Device).where(models.Device.key == key))
     if device is None:
-        device = models.Device(
-            key=key,
-            kind=info.kind,
-            name=info.name,
-            capacity_bytes=info.capacity_bytes,
-            details=dict(info.details),
+        _insert_if_missing(
+            session,
+            models.Device,
+            {
+                "key": key,
+                "kind": info.kind,
+                "name": info.name,
+                "capacity_bytes": info.capacity_bytes,
+                "details": dict(info.details),
+                "created_at": models.utcnow(),
+            },
         )
-        session.add(device)
-        session.flush()
+        device = session.scalars(select(models.Device).where(models.Device.key == key)).one()
     return device
 
 
@@ -30,25 +59,233 @@ def upsert_workload(session: Session, key: str, info: results.WorkloadInfo) -> m
     """The workload with ``key``, created from ``info`` if new."""
     workload = session.scalar(select(models.Workload).where(models.Workload.key == key))
     if workload is None:
-        workload = models.Workload(
-            key=key,
-            name=info.name,
-            target=info.target,
-            precision=info.precision,
-            activation_checkpointing=info.activation_checkpointing,
-            parameter_count=info.parameter_count,
-            optimizer=info.optimizer,
+        _insert_if_missing(
+            session,
+            models.Workload,
+            {
+                "key": key,
+                "name": info.name,
+                "target": info.target,
+                "precision": info.precision,
+                "activation_checkpointing": info.activation_checkpointing,
+                "parameter_count": info.parameter_count,
+                "optimizer": info.optimizer,
+                "created_at": models.utcnow(),
+            },
         )
-        session.add(workload)
-        session.flush()
+        workload = session.scalars(select(models.Workload).where(models.Workload.key == key)).one()
     return workload
+
+
+def create_device(session: Session, body: DeviceCreate) -> tuple[models.Device, bool]:
+    """Register a device; the same registration again is answered with the stored one."""
+    existing = session.scalar(select(models.Device).where(models.Device.key == body.key))
+    device = upsert_device(session, body.key, body)
+    if existing is not None and (device.kind, device.name, device.capacity_bytes) != (
+        body.kind,
+        body.name,
+        body.capacity_bytes,
+    ):
+        raise ConflictError(
+            f"device key {body.key} is registered already as {device.kind} {device.name!r} "
+            f"with {device.capacity_bytes} bytes: a key names one device's properties, so "
+            "register a different device under its own key"
+        )
+    return device, existing is None
+
+
+def create_workload(session: Session, body: WorkloadCreate) -> tuple[models.Workload, bool]:
+    """Register a workload; the same registration again is answered with the stored one."""
+    existing = session.scalar(select(models.Workload).where(models.Workload.key == body.key))
+    workload = upsert_workload(session, body.key, body)
+    stored = (workload.name, workload.precision, workload.activation_checkpointing)
+    if existing is not None and stored != (
+        body.name,
+        body.precision,
+        body.activation_checkpointing,
+    ):
+        raise ConflictError(
+            f"workload key {body.key} is registered already as {workload.name!r} "
+            f"({workload.precision}): a key names one workload, so register a different "
+            "workload under its own key"
+        )
+    return workload, existing is None
+
+
+def get_device(session: Session, device_id: int) -> models.Device:
+    device = session.get(models.Device, device_id)
+    if device is None:
+        raise NotFoundError(f"no device with id {device_id}: GET /api/v1/devices lists them")
+    return device
+
+
+def get_workload(session: Session, workload_id: int) -> models.Workload:
+    workload = session.get(models.Workload, workload_id)
+    if workload is None:
+        raise NotFoundError(f"no workload with id {workload_id}: GET /api/v1/workloads lists them")
+    return workload
+
+
+def list_devices(
+    session: Session, query: PageQuery, *, kind: str | None = None, name: str | None = None
+) -> tuple[list[models.Device], int, str | None]:
+    where: list[ColumnElement[bool]] = []
+    if kind is not None:
+        where.append(models.Device.kind == kind)
+    if name is not None:
+        where.append(models.Device.name == name)
+    return keyset_page(
+        session,
+        models.Device,
+        created_at=models.Device.created_at,
+        row_id=models.Device.id,
+        where=where,
+        query=query,
+    )
+
+
+def list_workloads(
+    session: Session, query: PageQuery, *, name: str | None = None
+) -> tuple[list[models.Workload], int, str | None]:
+    where = [models.Workload.name == name] if name is not None else []
+    return keyset_page(
+        session,
+        models.Workload,
+        created_at=models.Workload.created_at,
+        row_id=models.Workload.id,
+        where=where,
+        query=query,
+    )
+
+
+def find_device(session: Session, reference: str) -> models.Device:
+    """The one device whose key, or else whose name, is ``reference``."""
+    return _find_one(
+        session,
+        models.Device,
+        models.Device.key,
+        models.Device.name,
+        reference,
+        what="device",
+        missing="a device becomes known when a worker registers on it or a profile from it "
+        "is uploaded; GET /api/v1/devices lists the known ones",
+    )
+
+
+def find_workload(session: Session, reference: str) -> models.Workload:
+    """The one workload whose key, or else whose name, is ``reference``."""
+    return _find_one(
+        session,
+        models.Workload,
+        models.Workload.key,
+        models.Workload.name,
+        reference,
+        what="workload",
+        missing="profile it first (`tuner profile TARGET --upload`); GET /api/v1/workloads "
+        "lists the known ones",
+    )
+
+
+class _Keyed(Protocol):
+    @property
+    def key(self) -> str: ...
+
+
+K = TypeVar("K", bound=_Keyed)
+
+
+def _find_one(
+    session: Session,
+    model: type[K],
+    key: InstrumentedAttribute[str],
+    name: InstrumentedAttribute[str],
+    reference: str,
+    *,
+    what: str,
+    missing: str,
+) -> K:
+    rows: Sequence[K] = session.scalars(
+        select(model).where(or_(key == reference, name == reference)).limit(_LISTED + 1)
+    ).all()
+    for row in rows:
+        if row.key == reference:
+            return row
+    if len(rows) == 1:
+        return rows[0]
+    if not rows:
+        raise NotFoundError(f"no {what} has the key or name {reference!r}: {missing}")
+    keys = ", ".join(row.key for row in rows[:_LISTED])
+    more = " and more" if len(rows) > _LISTED else ""
+    raise BadInputError(
+        f"{what} name {reference!r} matches several {what}s (keys {keys}{more}): "
+        f"pass the key of the one you mean"
+    )
 
 
 def add_profile(session: Session, profile: results.Profile) -> models.Profile:
     """Store ``profile`` with its probes; older profiles of the pair stay as history."""
+    row, _created = save_profile(session, profile)
+    return row
+
+
+def save_profile(session: Session, profile: results.Profile) -> tuple[models.Profile, bool]:
+    """Store ``profile`` unless this very profile is stored already; say which happened.
+
+    A profile is identified by its workload, device and ``created_at`` (the time it was
+    measured): the same document again returns the stored row, a different one with the
+    same three is refused, since history is never rewritten.
+    """
     device = upsert_device(session, profile.device_key, profile.device)
     workload = upsert_workload(session, profile.workload_key, profile.workload)
-    row = models.Profile(
+    existing = _same_profile(session, workload.id, device.id, profile)
+    if existing is not None:
+        return _check_identical(existing, profile), False
+    row = _profile_row(profile, workload, device)
+    try:
+        # A savepoint, so that losing a race to an identical upload (PostgreSQL waits for
+        # the other transaction, then reports the unique index) leaves this one usable.
+        with session.begin_nested():
+            session.add(row)
+            session.flush()
+    except IntegrityError:
+        existing = _same_profile(session, workload.id, device.id, profile)
+        if existing is None:
+            raise
+        return _check_identical(existing, profile), False
+    return row, True
+
+
+def _same_profile(
+    session: Session, workload_id: int, device_id: int, profile: results.Profile
+) -> models.Profile | None:
+    return session.scalar(
+        select(models.Profile).where(
+            models.Profile.workload_id == workload_id,
+            models.Profile.device_id == device_id,
+            models.Profile.created_at == profile.created_at,
+        )
+    )
+
+
+# Device and workload rows are shared by key, so only what the profile owns is compared.
+_OWN_FIELDS = {"workload", "device", "created_at"}
+
+
+def _check_identical(row: models.Profile, profile: results.Profile) -> models.Profile:
+    stored = to_result(row).model_dump(mode="json", exclude=_OWN_FIELDS)
+    if stored != results.Profile.model_dump(profile, mode="json", exclude=_OWN_FIELDS):
+        raise ConflictError(
+            f"profile {row.id} of this workload and device, created at "
+            f"{row.created_at.isoformat()}, is stored already with different contents: "
+            "stored profiles are never replaced; upload a new profile with its own created_at"
+        )
+    return row
+
+
+def _profile_row(
+    profile: results.Profile, workload: models.Workload, device: models.Device
+) -> models.Profile:
+    return models.Profile(
         workload=workload,
         device=device,
         created_at=profile.created_at,
@@ -62,7 +299,10 @@ def add_profile(session: Session, profile: results.Profile) -> models.Profile:
         fit_points=profile.fit.points if profile.fit else None,
         settings=profile.settings.model_dump(mode="json"),
         oversize_probe=(
-            profile.oversize_probe.model_dump(mode="json") if profile.oversize_probe else None
+            # peak_bytes is computed from peak_reserved_bytes; stored, it would not read back.
+            profile.oversize_probe.model_dump(mode="json", exclude={"peak_bytes"})
+            if profile.oversize_probe
+            else None
         ),
         wall_time_s=profile.wall_time_s,
         probes=[
@@ -86,9 +326,6 @@ def add_profile(session: Session, profile: results.Profile) -> models.Profile:
             for index, probe in enumerate(profile.probes)
         ],
     )
-    session.add(row)
-    session.flush()
-    return row
 
 
 def to_result(row: models.Profile) -> results.Profile:
@@ -143,11 +380,99 @@ def to_result(row: models.Profile) -> results.Profile:
             )
             for p in row.probes
         ],
-        oversize_probe=results.ProbeResult.model_validate(row.oversize_probe)
+        oversize_probe=results.ProbeResult.model_validate(
+            {k: v for k, v in row.oversize_probe.items() if k != "peak_bytes"}
+        )
         if row.oversize_probe
         else None,
         fit=fit,
         settings=results.ProbeSettings.model_validate(row.settings),
         wall_time_s=row.wall_time_s,
         created_at=row.created_at,
+    )
+
+
+def to_public(row: models.Profile) -> ProfilePublic:
+    """The stored profile with its probes and ids, as the API answers it."""
+    return ProfilePublic.model_validate(
+        {
+            **to_result(row).model_dump(),
+            "id": row.id,
+            "workload_id": row.workload_id,
+            "device_id": row.device_id,
+        }
+    )
+
+
+def to_summary(row: models.Profile) -> ProfileSummary:
+    fit = None
+    if row.fit_fixed_bytes is not None and row.fit_bytes_per_sample is not None:
+        fit = results.AffineFit(
+            fixed_bytes=row.fit_fixed_bytes,
+            bytes_per_sample=row.fit_bytes_per_sample,
+            points=row.fit_points or 0,
+        )
+    return ProfileSummary(
+        id=row.id,
+        workload_id=row.workload_id,
+        workload_key=row.workload.key,
+        workload_name=row.workload.name,
+        device_id=row.device_id,
+        device_key=row.device.key,
+        device_name=row.device.name,
+        created_at=row.created_at,
+        max_micro_batch_size=row.max_micro_batch_size,
+        headroom=row.headroom,
+        budget_bytes=row.budget_bytes,
+        strategy=row.strategy,
+        size_cap=row.size_cap,
+        fit=fit,
+        wall_time_s=row.wall_time_s,
+    )
+
+
+def get_profile(session: Session, profile_id: int) -> models.Profile:
+    row = session.get(models.Profile, profile_id)
+    if row is None:
+        raise NotFoundError(f"no profile with id {profile_id}: GET /api/v1/profiles lists them")
+    return row
+
+
+def list_profiles(
+    session: Session, query: ProfileQuery
+) -> tuple[list[models.Profile], int, str | None]:
+    """Profiles matching the filters, newest first, without their probes."""
+    where: list[ColumnElement[bool]] = []
+    if query.workload is not None:
+        where.append(
+            models.Profile.workload_id.in_(
+                select(models.Workload.id).where(
+                    or_(
+                        models.Workload.key == query.workload,
+                        models.Workload.name == query.workload,
+                    )
+                )
+            )
+        )
+    if query.device is not None:
+        where.append(
+            models.Profile.device_id.in_(
+                select(models.Device.id).where(
+                    or_(models.Device.key == query.device, models.Device.name == query.device)
+                )
+            )
+        )
+    if query.created_after is not None:
+        where.append(models.Profile.created_at > query.created_after)
+    if query.created_before is not None:
+        where.append(models.Profile.created_at < query.created_before)
+    return keyset_page(
+        session,
+        models.Profile,
+        created_at=models.Profile.created_at,
+        row_id=models.Profile.id,
+        where=where,
+        query=query,
+        # Summaries never touch probes; loading them would cost a query per page for nothing.
+        options=[lazyload(models.Profile.probes)],
     )

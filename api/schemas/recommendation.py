@@ -1,0 +1,66 @@
+"""The recommendation: ``tuner.plan.Recommendation`` and where its numbers came from."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import Field, model_validator
+
+from api.schemas.common import Reference, RequestModel
+from tuner import plan
+from tuner.errors import BadInputError
+
+# One step's split lists every micro batch, so the batch bounds the size of the answer.
+MAX_GLOBAL_BATCH_SIZE = 2**20
+
+
+class RecommendationQuery(RequestModel):
+    """global batch = micro batch × accumulation steps × world size"""
+
+    workload: Reference = Field(description="workload key or name")
+    device: Reference = Field(description="device key or name")
+    global_batch_size: int = Field(
+        ge=1,
+        le=MAX_GLOBAL_BATCH_SIZE,
+        description=f"samples per optimizer step over all ranks, 1 to {MAX_GLOBAL_BATCH_SIZE}",
+    )
+    world_size: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_GLOBAL_BATCH_SIZE,
+        description="data-parallel ranks; must divide global_batch_size",
+    )
+    policy: plan.Policy = Field(
+        default="max",
+        description="max: largest fitting micro batch; even: equal micro batches when within "
+        "5% of max's throughput; throughput: fastest measured",
+    )
+
+    @model_validator(mode="after")
+    def _divisible(self) -> RecommendationQuery:
+        try:
+            plan.per_rank_batch(self.global_batch_size, self.world_size)
+        except BadInputError as exc:
+            raise ValueError(exc.message) from None
+        return self
+
+
+class RecommendationPublic(plan.Recommendation):
+    """The settings, and the profile, device and limits they rest on."""
+
+    workload_key: str
+    workload_name: str
+    device_key: str
+    device_name: str
+    capacity_bytes: int
+    headroom: float = Field(description="fraction of the device's memory kept free")
+    oom_limit: int | None = Field(
+        description="smallest micro batch reported to run out of memory in training since "
+        "the profile; recommendations stay below it until a newer profile exists"
+    )
+    profile_id: int = Field(description="the profile the numbers come from")
+    profile_device_key: str = Field(
+        description="device that profile measured: another device when basis is estimated"
+    )
+    profile_created_at: datetime
+    profile_age_s: float
