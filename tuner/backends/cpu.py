@@ -91,16 +91,19 @@ class LiveBytesTracker(TorchDispatchMode):
         self._count_all(kwargs.values())
         out = func(*args, **kwargs)
         self._count_all(out if isinstance(out, list | tuple) else (out,))
+        # Checked on every operator, not only at a new peak: after a refused step the peak
+        # may already be above the limit, and the next attempt must still be held to it.
+        if self.limit_bytes is not None and self.live_bytes > self.limit_bytes:
+            # Read the total before `del out` frees the refused storage and lowers it. As on
+            # a GPU, the allocation that failed never existed: it does not count as the peak.
+            live = self.live_bytes
+            del out
+            raise torch.OutOfMemoryError(
+                f"CPU memory limit exceeded: {format_bytes(live)} live "
+                f"after {func}, limit {format_bytes(self.limit_bytes)}"
+            )
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
-            if self.limit_bytes is not None and self.live_bytes > self.limit_bytes:
-                # Read the total before `del out` frees the refused storage and lowers it.
-                live = self.live_bytes
-                del out
-                raise torch.OutOfMemoryError(
-                    f"CPU memory limit exceeded: {format_bytes(live)} live "
-                    f"after {func}, limit {format_bytes(self.limit_bytes)}"
-                )
         return out
 
 
