@@ -45,7 +45,10 @@ def apply_to_training_arguments(
             f"the recommendation is for {recommendation.world_size} ranks but these "
             f"TrainingArguments train on {world_size}: ask again with world_size={world_size}"
         )
-    return dataclasses.replace(arguments, **huggingface_arguments(recommendation))
+    micro, steps = equal_settings(recommendation)
+    return dataclasses.replace(
+        arguments, per_device_train_batch_size=micro, gradient_accumulation_steps=steps
+    )
 
 
 def lightning_arguments(recommendation: Recommendation) -> dict[str, Any]:

@@ -75,6 +75,20 @@ def split_batch(per_rank_batch_size: int, micro_batch_size: int) -> list[int]:
     return [micro_batch_size] * (accum - 1) + [per_rank_batch_size - micro_batch_size * (accum - 1)]
 
 
+def largest_equal_micro_batch(per_rank_batch_size: int, max_micro_batch_size: int) -> int:
+    """The largest micro batch ``≤ M*`` that divides ``B / W``.
+
+    Frameworks that run equal micro batches only (the Hugging Face Trainer, Lightning)
+    keep the global batch exact with it: ``B = micro × (B / W / micro) × W``.
+    """
+    if max_micro_batch_size < 1:
+        raise NothingFitsError("no micro batch size fits on this device")
+    for size in range(min(max_micro_batch_size, per_rank_batch_size), 0, -1):
+        if per_rank_batch_size % size == 0:
+            return size
+    raise AssertionError("1 divides every batch size")
+
+
 def per_rank_batch(global_batch_size: int, world_size: int) -> int:
     """``B / W``, refusing values that cannot keep the global batch exact."""
     if global_batch_size < 1:
