@@ -16,9 +16,9 @@ def subprocess_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH", "")])]
     )
-    # Rich must not think it talks to a terminal, and must not wrap one-line messages.
-    env.pop("FORCE_COLOR", None)
-    env["COLUMNS"] = "200"
+    # Output goes to pipes, as in CI and scripts: no terminal, no colour, default width.
+    for name in ("FORCE_COLOR", "COLUMNS", "LINES"):
+        env.pop(name, None)
     env["TERM"] = "dumb"
     # One torch thread, as in this process (see conftest.py).
     env["OMP_NUM_THREADS"] = "1"

@@ -206,3 +206,23 @@ def test_iter_tensors_walks_nested_optimizer_state() -> None:
 def test_peak_reading_starts_empty() -> None:
     reading = PeakReading()
     assert (reading.allocated_bytes, reading.reserved_bytes, reading.alloc_retries) == (0, 0, 0)
+
+
+def test_cpu_end_phase_records_each_phase_peak_and_restarts_from_what_is_live() -> None:
+    backend = CpuBackend(10**6)
+    with backend.track([]) as reading:
+        kept = torch.zeros(1000)  # 4000 bytes, alive through both phases
+        temporary = torch.zeros(2000)  # 8000 more in the first phase only
+        del temporary
+        backend.end_phase(reading, "accumulate")
+        other = torch.zeros(500)  # 2000 more in the second phase
+        del other
+        backend.end_phase(reading, "optimizer")
+        del kept
+    assert reading.phases == {"accumulate": 12_000, "optimizer": 6_000}
+    assert reading.allocated_bytes == 12_000
+
+
+def test_cpu_end_phase_outside_track_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="inside track"):
+        CpuBackend(10**6).end_phase(PeakReading(), "accumulate")

@@ -150,3 +150,18 @@ def test_device_key_follows_the_cpu_memory_limit() -> None:
     assert device_key(make_backend("cpu", memory_limit_bytes=512 * 2**20)) == device_key(
         CpuBackend(512 * 2**20)
     )
+
+
+def test_optimizer_settings_held_as_tensors_or_objects_are_keyed_by_kind() -> None:
+    # A tensor learning rate (capturable schedules) counts as its value, zero or not;
+    # other objects count by their type.
+    def with_lr(lr: object) -> str:
+        workload = tiny()
+        optimizer = torch.optim.SGD(workload.model.parameters(), lr=0.1)
+        optimizer.param_groups[0]["lr"] = lr
+        return workload_key(workload, optimizer)
+
+    assert with_lr(torch.tensor(0.1)) == with_lr(torch.tensor(0.5)) == with_lr(0.3)
+    assert with_lr(torch.tensor(0.0)) != with_lr(torch.tensor(0.1))
+    assert with_lr(object()) == with_lr(object())
+    assert with_lr(object()) != with_lr(0.1)

@@ -272,3 +272,12 @@ def test_prober_on_a_prebuilt_optimizer_instance() -> None:
         result = prober(3)
     assert result.breakdown is not None
     assert result.breakdown.optimizer_state_bytes == 0  # plain SGD keeps no state
+
+
+def test_per_sample_loss_is_refused_even_though_it_passes_at_micro_batch_one() -> None:
+    # At micro batch 1 a per-sample loss has one element and autograd accepts it; the
+    # search's next, larger probe must still say what is wrong with the workload.
+    with Prober(non_scalar_loss(), CpuBackend(BIG)) as prober:
+        assert prober(1).fits
+        with pytest.raises(WorkloadError, match=r"scalar tensor.*shape \(2,\)"):
+            prober(2)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -154,3 +157,20 @@ def test_build_optimizer_refuses_a_factory_that_returns_something_else() -> None
     workload = Workload(**parts)  # type: ignore[arg-type]
     with pytest.raises(WorkloadError, match=r"must return a torch\.optim\.Optimizer, got str"):
         workload.build_optimizer()
+
+
+def test_targets_load_from_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A user's training code next to where they run `tuner profile`, not installed.
+    (tmp_path / "my_training.py").write_text(
+        "from tests.workloads import tiny\n\ndef workload():\n    return tiny(width=12)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_training", raising=False)
+    try:
+        workload = load_workload("my_training:workload")
+    finally:
+        sys.modules.pop("my_training", None)
+    assert first_layer(workload).out_features == 12

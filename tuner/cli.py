@@ -40,13 +40,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     stderr = Console(stderr=True)
     command = import_module(f"tuner.commands.{args.command}")
+    # Errors print with soft_wrap: one line, also on a pipe that rich would wrap at 80 columns.
     try:
         status: int = command.run(args, stderr)
     except BadInputError as exc:
-        stderr.print(f"tuner {args.command}: {exc.message}", highlight=False, markup=False)
+        stderr.print(
+            f"tuner {args.command}: {exc.message}", highlight=False, markup=False, soft_wrap=True
+        )
         return EXIT_BAD_INPUT
     except TunerError as exc:
-        stderr.print(f"tuner {args.command}: {exc.message}", highlight=False, markup=False)
+        stderr.print(
+            f"tuner {args.command}: {exc.message}", highlight=False, markup=False, soft_wrap=True
+        )
         return EXIT_FAILED
     return status
 

@@ -57,7 +57,6 @@ class Prober:
         self.model = workload.model.to(backend.device)
         self.optimizer = workload.build_optimizer()
         self._saved = TrainingState.capture(self.model, self.optimizer)
-        self._loss_checked = False
 
     def __enter__(self) -> Prober:
         return self
@@ -176,15 +175,13 @@ class Prober:
         return torch.amp.GradScaler(self.backend.device.type)
 
     def _check_loss(self, loss: object) -> None:
-        if self._loss_checked:
-            return
+        # Every loss, not only the first: per-sample losses pass at micro batch 1.
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise WorkloadError(
                 f"loss_fn of {self.workload.name} must return a scalar tensor that requires "
                 f"grad, got {type(loss).__name__}"
                 + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else "")
             )
-        self._loss_checked = True
 
     def _resident(self, batch: Batch) -> Iterator[torch.Tensor]:
         yield from self.model.parameters()
