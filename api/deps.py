@@ -40,7 +40,9 @@ def presented_token(request: Request) -> str | None:
     return request.cookies.get(TOKEN_COOKIE)
 
 
-def _scope_dependency(scope: str) -> Callable[..., Principal]:
+def _scope_dependency(scope: str, *alternatives: str) -> Callable[..., Principal]:
+    """Needs ``scope``, or any one of ``alternatives``."""
+
     def dependency(request: Request, db: DatabaseDep, settings: SettingsDep) -> Principal:
         token = presented_token(request)
         if token is None:
@@ -52,13 +54,15 @@ def _scope_dependency(scope: str) -> Callable[..., Principal]:
             )
         with db.session() as session:
             principal, stale = authenticate(session, token)
-        require_scope(principal, scope)
+        accepted = (scope, *alternatives)
+        if not any(principal.allows(one) for one in accepted):
+            require_scope(principal, " or ".join(accepted))  # raises, naming what is needed
         if stale and principal.token_id is not None:
             with db.session(write=True) as session:
                 touch_token(session, principal.token_id)
         return principal
 
-    dependency.__name__ = f"require_{scope}"
+    dependency.__name__ = "require_" + "_or_".join((scope, *alternatives))
     return dependency
 
 
@@ -66,3 +70,5 @@ ReadAccess = Annotated[Principal, Depends(_scope_dependency("read"))]
 WriteAccess = Annotated[Principal, Depends(_scope_dependency("write"))]
 WorkerAccess = Annotated[Principal, Depends(_scope_dependency("worker"))]
 AdminAccess = Annotated[Principal, Depends(_scope_dependency("admin"))]
+# Profiles come from people and scripts (write) and from workers (worker).
+UploadAccess = Annotated[Principal, Depends(_scope_dependency("write", "worker"))]

@@ -43,8 +43,8 @@ class MemoryBreakdownCreate(results.MemoryBreakdown):
 
 
 class ProbeCreate(results.ProbeResult):
-    """``tuner.results.ProbeResult``; ``peak_bytes``, which the engine prints, is accepted
-    and dropped, since it is derived from ``peak_reserved_bytes``."""
+    """``tuner.results.ProbeResult``. ``peak_bytes``, which the engine prints, is accepted
+    and ignored: it is always computed again from ``peak_reserved_bytes``."""
 
     micro_batch_size: PositiveInt32
     peak_allocated_bytes: Int64 | None = None
@@ -63,13 +63,7 @@ class ProbeCreate(results.ProbeResult):
     @classmethod
     def _drop_derived_peak(cls, data: Any) -> Any:
         if isinstance(data, dict) and "peak_bytes" in data:
-            data = dict(data)
-            peak = data.pop("peak_bytes")
-            if peak is not None and peak != data.get("peak_reserved_bytes"):
-                raise ValueError(
-                    "peak_bytes must equal peak_reserved_bytes (it is derived from it): "
-                    "leave peak_bytes out"
-                )
+            data = {k: v for k, v in data.items() if k != "peak_bytes"}
         return data
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from api.schemas.common import Reference, RequestModel
 from tuner import plan
@@ -36,13 +36,16 @@ class RecommendationQuery(RequestModel):
         "5% of max's throughput; throughput: fastest measured",
     )
 
-    @model_validator(mode="after")
-    def _divisible(self) -> RecommendationQuery:
-        try:
-            plan.per_rank_batch(self.global_batch_size, self.world_size)
-        except BadInputError as exc:
-            raise ValueError(exc.message) from None
-        return self
+    @field_validator("world_size")
+    @classmethod
+    def _divides(cls, world_size: int, info: ValidationInfo) -> int:
+        global_batch_size = info.data.get("global_batch_size")
+        if global_batch_size is not None:
+            try:
+                plan.per_rank_batch(global_batch_size, world_size)
+            except BadInputError as exc:
+                raise ValueError(exc.message) from None
+        return world_size
 
 
 class RecommendationPublic(plan.Recommendation):

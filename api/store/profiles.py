@@ -328,15 +328,20 @@ def _profile_row(
     )
 
 
+def fit_of(row: models.Profile) -> results.AffineFit | None:
+    """The profile's affine fit, if its search had two sizes to fit through."""
+    if row.fit_fixed_bytes is None or row.fit_bytes_per_sample is None:
+        return None
+    return results.AffineFit(
+        fixed_bytes=row.fit_fixed_bytes,
+        bytes_per_sample=row.fit_bytes_per_sample,
+        points=row.fit_points or 0,
+    )
+
+
 def to_result(row: models.Profile) -> results.Profile:
     """The stored profile as the engine's own schema (what the client and plan take)."""
-    fit = None
-    if row.fit_fixed_bytes is not None and row.fit_bytes_per_sample is not None:
-        fit = results.AffineFit(
-            fixed_bytes=row.fit_fixed_bytes,
-            bytes_per_sample=row.fit_bytes_per_sample,
-            points=row.fit_points or 0,
-        )
+    fit = fit_of(row)
     return results.Profile(
         workload_key=row.workload.key,
         device_key=row.device.key,
@@ -405,13 +410,7 @@ def to_public(row: models.Profile) -> ProfilePublic:
 
 
 def to_summary(row: models.Profile) -> ProfileSummary:
-    fit = None
-    if row.fit_fixed_bytes is not None and row.fit_bytes_per_sample is not None:
-        fit = results.AffineFit(
-            fixed_bytes=row.fit_fixed_bytes,
-            bytes_per_sample=row.fit_bytes_per_sample,
-            points=row.fit_points or 0,
-        )
+    fit = fit_of(row)
     return ProfileSummary(
         id=row.id,
         workload_id=row.workload_id,

@@ -85,6 +85,11 @@ def add_parser(commands: Any) -> None:
     profile.add_argument(
         "--json", action="store_true", help="print one JSON object on stdout; messages go to stderr"
     )
+    profile.add_argument(
+        "--upload",
+        action="store_true",
+        help="store the profile in the service at TUNER_URL (token TUNER_TOKEN), print its id",
+    )
 
 
 def run(args: argparse.Namespace, stderr: Console) -> int:
@@ -92,6 +97,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     import torch
 
     from tuner.backends import make_backend
+    from tuner.client import TunerClient
     from tuner.display import LiveProgress, print_profile
     from tuner.plan import per_rank_batch, recommend
     from tuner.profiler import nothing_fits_advice, profile_workload
@@ -104,6 +110,8 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     backend = make_backend(device, memory_limit_bytes=args.memory_limit)
     workload = load_workload(args.target, parse_options(args.option))
     settings = ProbeSettings(warmup_steps=args.warmup_steps)
+    # Made before probing, so that a missing TUNER_URL costs no profiling time.
+    client = TunerClient() if args.upload else None
     try:
         with LiveProgress(stderr) as progress:
             profile = profile_workload(
@@ -136,15 +144,36 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
             global_batch_size=args.global_batch_size,
             world_size=args.world_size,
         )
+    uploaded, upload_error = None, None
+    if client is not None:
+        with client:
+            try:
+                uploaded = client.upload_profile(profile).id
+            except TunerError as exc:
+                upload_error = exc  # the profile is still printed: minutes of probing are kept
     if args.json:
         document = profile.model_dump(mode="json")
         if recommendation is not None:
             document["micro_batch_size"] = recommendation.micro_batch_size
             document["grad_accum"] = recommendation.grad_accum
             document["recommendation"] = recommendation.model_dump(mode="json")
+        if uploaded is not None:
+            document["profile_id"] = uploaded
         sys.stdout.write(json.dumps(document) + "\n")
     else:
         print_profile(Console(), profile, recommendation)
+    if client is not None and uploaded is not None:
+        (stderr if args.json else Console()).print(
+            f"uploaded as profile {uploaded} to {client.url}", highlight=False, soft_wrap=True
+        )
+    if upload_error is not None:
+        stderr.print(
+            f"tuner profile: the profile was not uploaded: {upload_error.message}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        return EXIT_FAILED
     if not found:
         stderr.print(nothing_fits_advice(profile, workload), highlight=False, markup=False)
         return EXIT_NOTHING_FITS

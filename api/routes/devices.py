@@ -1,0 +1,49 @@
+"""Devices: registered by workers, or created by the first profile uploaded from them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response, status
+
+from api.deps import DatabaseDep, ReadAccess, UploadAccess
+from api.schemas.common import INT32_MAX
+from api.schemas.devices import DeviceCreate, DevicePublic, DeviceQuery, DevicesPublic
+from api.store import profiles as store
+
+router = APIRouter(prefix="/devices", tags=["devices"])
+
+DeviceId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the device's id")]
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def create_device(
+    body: DeviceCreate, db: DatabaseDep, _: UploadAccess, response: Response
+) -> DevicePublic:
+    """Register a device by its key (201; the same registration again answers 200)."""
+    with db.session(write=True) as session:
+        device, created = store.create_device(session, body)
+        if not created:
+            response.status_code = status.HTTP_200_OK
+        return DevicePublic.model_validate(device)
+
+
+@router.get("")
+def list_devices(
+    db: DatabaseDep, _: ReadAccess, query: Annotated[DeviceQuery, Query()]
+) -> DevicesPublic:
+    """List devices, newest first, optionally by kind and name."""
+    with db.session() as session:
+        rows, count, token = store.list_devices(session, query, kind=query.kind, name=query.name)
+        return DevicesPublic(
+            data=[DevicePublic.model_validate(row) for row in rows],
+            count=count,
+            next_page_token=token,
+        )
+
+
+@router.get("/{device_id}")
+def get_device(device_id: DeviceId, db: DatabaseDep, _: ReadAccess) -> DevicePublic:
+    """One device."""
+    with db.session() as session:
+        return DevicePublic.model_validate(store.get_device(session, device_id))

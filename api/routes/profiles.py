@@ -1,0 +1,47 @@
+"""Profiles: uploaded whole by the CLI, workers and clients; listed; read with probes."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response, status
+
+from api.deps import DatabaseDep, ReadAccess, UploadAccess
+from api.schemas.common import INT32_MAX
+from api.schemas.profiles import ProfileCreate, ProfilePublic, ProfileQuery, ProfilesPublic
+from api.store import profiles as store
+
+router = APIRouter(prefix="/profiles", tags=["profiles"])
+
+ProfileId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the profile's id")]
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def create_profile(
+    body: ProfileCreate, db: DatabaseDep, _: UploadAccess, response: Response
+) -> ProfilePublic:
+    """Store a profile with its probes (201; the same profile sent again answers 200)."""
+    with db.session(write=True) as session:
+        row, created = store.save_profile(session, body)
+        if not created:
+            response.status_code = status.HTTP_200_OK
+        return store.to_public(row)
+
+
+@router.get("")
+def list_profiles(
+    db: DatabaseDep, _: ReadAccess, query: Annotated[ProfileQuery, Query()]
+) -> ProfilesPublic:
+    """List profiles, newest first, by workload, device and creation time."""
+    with db.session() as session:
+        rows, count, token = store.list_profiles(session, query)
+        return ProfilesPublic(
+            data=[store.to_summary(row) for row in rows], count=count, next_page_token=token
+        )
+
+
+@router.get("/{profile_id}")
+def get_profile(profile_id: ProfileId, db: DatabaseDep, _: ReadAccess) -> ProfilePublic:
+    """One profile with its probes."""
+    with db.session() as session:
+        return store.to_public(store.get_profile(session, profile_id))

@@ -1,0 +1,49 @@
+"""Workloads: created by the first profile uploaded for them, or registered ahead."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response, status
+
+from api.deps import DatabaseDep, ReadAccess, UploadAccess
+from api.schemas.common import INT32_MAX
+from api.schemas.workloads import WorkloadCreate, WorkloadPublic, WorkloadQuery, WorkloadsPublic
+from api.store import profiles as store
+
+router = APIRouter(prefix="/workloads", tags=["workloads"])
+
+WorkloadId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the workload's id")]
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def create_workload(
+    body: WorkloadCreate, db: DatabaseDep, _: UploadAccess, response: Response
+) -> WorkloadPublic:
+    """Register a workload by its key (201; the same registration again answers 200)."""
+    with db.session(write=True) as session:
+        workload, created = store.create_workload(session, body)
+        if not created:
+            response.status_code = status.HTTP_200_OK
+        return WorkloadPublic.model_validate(workload)
+
+
+@router.get("")
+def list_workloads(
+    db: DatabaseDep, _: ReadAccess, query: Annotated[WorkloadQuery, Query()]
+) -> WorkloadsPublic:
+    """List workloads, newest first, optionally by name."""
+    with db.session() as session:
+        rows, count, token = store.list_workloads(session, query, name=query.name)
+        return WorkloadsPublic(
+            data=[WorkloadPublic.model_validate(row) for row in rows],
+            count=count,
+            next_page_token=token,
+        )
+
+
+@router.get("/{workload_id}")
+def get_workload(workload_id: WorkloadId, db: DatabaseDep, _: ReadAccess) -> WorkloadPublic:
+    """One workload."""
+    with db.session() as session:
+        return WorkloadPublic.model_validate(store.get_workload(session, workload_id))
