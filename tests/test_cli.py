@@ -49,9 +49,7 @@ def runs() -> dict[str, subprocess.CompletedProcess[str]]:
         return {name: future.result() for name, future in futures.items()}
 
 
-pytestmark = pytest.mark.slow  # the first test waits for every subprocess
-
-
+@pytest.mark.slow  # the first of these waits for every subprocess
 def test_json_output_is_exactly_one_object_with_the_answer(
     runs: dict[str, subprocess.CompletedProcess[str]],
 ) -> None:
@@ -83,6 +81,7 @@ def test_json_output_is_exactly_one_object_with_the_answer(
     assert run.stderr.count("probe ") == len(document["probes"])
 
 
+@pytest.mark.slow  # the first of these waits for every subprocess
 def test_human_output_shows_the_table_and_the_recommendation(
     runs: dict[str, subprocess.CompletedProcess[str]],
 ) -> None:
@@ -98,6 +97,7 @@ def test_human_output_shows_the_table_and_the_recommendation(
     assert f"{found} + {100 - found}" in run.stdout  # the split of one step
 
 
+@pytest.mark.slow  # the first of these waits for every subprocess
 def test_nothing_fits_exits_3_with_advice_on_stderr(
     runs: dict[str, subprocess.CompletedProcess[str]],
 ) -> None:
@@ -113,6 +113,7 @@ def test_nothing_fits_exits_3_with_advice_on_stderr(
         assert remedy in advice
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "says"),
     [
@@ -142,6 +143,7 @@ def test_bad_input_exits_2_with_one_clear_line(
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.slow  # the first of these waits for every subprocess
 def test_workload_error_exits_1_with_the_workloads_traceback(
     runs: dict[str, subprocess.CompletedProcess[str]],
 ) -> None:

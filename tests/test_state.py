@@ -207,3 +207,17 @@ def test_restored_optimizer_keeps_training_like_the_original() -> None:
         train_by_hand(workload, 1, leave_grads=False)
     for a, b in zip(plain_run.model.parameters(), profiled_run.model.parameters(), strict=True):
         assert bits(a) == bits(b)
+
+
+def test_profile_leaves_no_mode_switched_on_in_the_process() -> None:
+    # bf16 autocast and the CPU tracker are both entered inside steps that run out of
+    # memory; neither may stay active, and grad mode stays as the user had it.
+    workload = load_workload(
+        "examples.mlp:workload",
+        {"in_features": 16, "hidden": 32, "layers": 2, "precision": "bf16"},
+    )
+    profile = profile_workload(workload, CpuBackend(400_000), headroom=0.0)
+    assert any(p.oom for p in profile.probes)
+    assert not torch.is_autocast_enabled("cpu")
+    assert torch.is_grad_enabled()
+    assert torch._C._len_torch_dispatch_stack() == 0
