@@ -1,0 +1,192 @@
+"""``tuner recommend`` and ``tuner profile --upload`` as real subprocesses against the
+running service, configured through TUNER_URL and TUNER_TOKEN (or --url and --token)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+
+from tests.api.builders import profile_with_speeds, upload
+from tests.api.documents import sample_profile
+from tests.services import ServerThread
+from tuner.plan import recommend
+
+ROOT = Path(__file__).resolve().parents[2]
+TUNER = str(ROOT / ".venv" / "bin" / "tuner")
+
+
+def tuner(
+    *args: str, url: str | None = None, token: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TUNER_URL", "TUNER_TOKEN")}
+    env["COLUMNS"] = "200"
+    if url is not None:
+        env["TUNER_URL"] = url
+    if token is not None:
+        env["TUNER_TOKEN"] = token
+    return subprocess.run(
+        [TUNER, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+ASK = ("recommend", "--workload", "gpt-test", "--device", "cpu-test")
+
+
+def test_recommend_prints_the_settings_and_where_they_come_from(
+    http: httpx.Client, service: ServerThread, admin_token: str
+) -> None:
+    profile = profile_with_speeds({1: 10.0, 8: 80.0, 12: 90.0}, max_micro_batch_size=12)
+    stored = upload(http, profile)
+    done = tuner(
+        *ASK, "--global-batch-size", "80", "--world-size", "2", url=service.url, token=admin_token
+    )
+    assert done.returncode == 0, done.stderr
+    expected = recommend(
+        max_micro_batch_size=12, probes=profile.probes, global_batch_size=80, world_size=2
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0] == expected.describe()
+    assert f"measured by profile {stored['id']}" in lines[1]
+    assert "expected peak 220 MiB" in lines[2]
+    assert "90.0 samples/s" in lines[2]
+
+
+def test_recommend_json_with_url_and_token_options(
+    http: httpx.Client, service: ServerThread, admin_token: str
+) -> None:
+    upload(http, profile_with_speeds({1: 10.0, 8: 99.0, 12: 90.0}, max_micro_batch_size=12))
+    done = tuner(
+        *ASK,
+        "--global-batch-size",
+        "40",
+        "--policy",
+        "throughput",
+        "--json",
+        "--url",
+        service.url,
+        "--token",
+        admin_token,
+    )
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert (answer["micro_batch_size"], answer["split"], answer["basis"]) == (
+        8,
+        [8] * 5,
+        "measured",
+    )
+
+
+def test_recommend_failures_exit_with_a_status_and_a_message(
+    http: httpx.Client, service: ServerThread, admin_token: str
+) -> None:
+    upload(http, sample_profile())
+    unknown = tuner(
+        "recommend",
+        "--workload",
+        "nope",
+        "--device",
+        "cpu-test",
+        "--global-batch-size",
+        "8",
+        url=service.url,
+        token=admin_token,
+    )
+    assert unknown.returncode == 1
+    assert "no workload has the key or name 'nope'" in unknown.stderr
+
+    uneven = tuner(
+        *ASK, "--global-batch-size", "10", "--world-size", "3", url=service.url, token=admin_token
+    )
+    assert uneven.returncode == 2
+    assert "not divisible by world size 3" in uneven.stderr
+
+    no_url = tuner(*ASK, "--global-batch-size", "8")
+    assert no_url.returncode == 2
+    assert "set TUNER_URL" in no_url.stderr
+
+    no_token = tuner(*ASK, "--global-batch-size", "8", url=service.url)
+    assert no_token.returncode == 1
+    assert "needs a token" in no_token.stderr
+
+    bad_policy = tuner(*ASK, "--global-batch-size", "8", "--policy", "fast", url=service.url)
+    assert bad_policy.returncode == 2
+
+    upload(
+        http, sample_profile(max_micro_batch_size=0, workload_key="z" * 24, workload_name="huge")
+    )
+    nothing = tuner(
+        "recommend",
+        "--workload",
+        "huge",
+        "--device",
+        "cpu-test",
+        "--global-batch-size",
+        "8",
+        url=service.url,
+        token=admin_token,
+    )
+    assert nothing.returncode == 3
+    assert "not even a micro batch of 1" in nothing.stderr
+
+
+MLP = ("examples.mlp:workload", "-o", "hidden=64", "-o", "layers=1", "--device", "cpu")
+
+
+def test_profile_upload_stores_the_profile_and_prints_its_id(
+    http: httpx.Client, service: ServerThread, admin_token: str
+) -> None:
+    done = tuner(
+        "profile",
+        *MLP,
+        "--memory-limit",
+        "4MiB",
+        "--max",
+        "64",
+        "--json",
+        "--upload",
+        url=service.url,
+        token=admin_token,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    profile_id = printed["profile_id"]
+    assert f"uploaded as profile {profile_id} to {service.url}" in done.stderr
+    stored = http.get(f"/api/v1/profiles/{profile_id}").json()
+    assert stored["workload_key"] == printed["workload_key"]
+    assert stored["workload"]["target"] == "examples.mlp:workload"
+    assert len(stored["probes"]) == len(printed["probes"])
+
+    asked = tuner(
+        "recommend",
+        "--workload",
+        printed["workload_key"],
+        "--device",
+        printed["device_key"],
+        "--global-batch-size",
+        "128",
+        "--json",
+        url=service.url,
+        token=admin_token,
+    )
+    assert asked.returncode == 0, asked.stderr
+    answer = json.loads(asked.stdout)
+    assert answer["profile_id"] == profile_id
+    assert answer["micro_batch_size"] == printed["max_micro_batch_size"]
+
+
+def test_profile_upload_without_a_url_fails_before_probing() -> None:
+    done = tuner("profile", *MLP, "--memory-limit", "4MiB", "--upload")
+    assert done.returncode == 2
+    assert "set TUNER_URL" in done.stderr
+    assert "probe" not in done.stderr  # nothing was measured
