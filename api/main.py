@@ -12,7 +12,16 @@ from api.config import ServiceSettings
 from api.db import Database
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
-from api.routes import devices, health, oom_reports, profiles, recommendation, workloads
+from api.routes import (
+    devices,
+    health,
+    jobs,
+    oom_reports,
+    profiles,
+    recommendation,
+    workers,
+    workloads,
+)
 from tuner import __version__
 from tuner.errors import BadInputError
 
@@ -54,6 +63,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(health.router)
+    app.include_router(jobs.router, prefix=API_PREFIX)
+    app.include_router(workers.router, prefix=API_PREFIX)
     for resource in (devices, workloads, profiles, recommendation, oom_reports):
         app.include_router(resource.router, prefix=API_PREFIX)
     return app

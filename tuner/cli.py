@@ -17,7 +17,7 @@ from rich.console import Console
 from tuner.commands._args import EXIT_BAD_INPUT, EXIT_FAILED
 from tuner.errors import BadInputError, TunerError
 
-COMMANDS = ("profile", "db", "token", "serve", "recommend")
+COMMANDS = ("profile", "db", "token", "serve", "worker", "recommend")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,75 @@
+"""Workers: register a GPU host's device, say it is alive, and claim jobs for that device."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Response, status
+
+from api import models
+from api.deps import DatabaseDep, ReadAccess, SettingsDep, WorkerAccess
+from api.schemas.common import INT32_MAX
+from api.schemas.jobs import JobClaim, JobPublic, Lease
+from api.schemas.workers import WorkerCreate, WorkerPublic, WorkersPublic
+from api.store import jobs as store
+
+router = APIRouter(prefix="/workers", tags=["workers"])
+
+WorkerId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the id registration gave")]
+
+
+def _public(worker: models.Worker) -> WorkerPublic:
+    return WorkerPublic(
+        id=worker.id,
+        name=worker.name,
+        device_key=worker.device.key,
+        device_name=worker.device.name,
+        registered_at=worker.registered_at,
+        last_heartbeat_at=worker.last_heartbeat_at,
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def register_worker(body: WorkerCreate, db: DatabaseDep, _: WorkerAccess) -> WorkerPublic:
+    """Register a worker and its device (the device is created if new)."""
+    with db.session(write=True) as session:
+        return _public(store.register_worker(session, body))
+
+
+@router.get("")
+def list_workers(db: DatabaseDep, _: ReadAccess) -> WorkersPublic:
+    """List registered workers with their devices and last sign of life."""
+    with db.session() as session:
+        workers = [_public(worker) for worker in store.list_workers(session)]
+    return WorkersPublic(data=workers, count=len(workers))
+
+
+@router.post("/{worker_id}/heartbeat")
+def heartbeat(worker_id: WorkerId, db: DatabaseDep, _: WorkerAccess) -> WorkerPublic:
+    """Record that the worker is alive."""
+    with db.session(write=True) as session:
+        return _public(store.touch_worker(session, worker_id))
+
+
+@router.post(
+    "/{worker_id}/claim",
+    response_model=JobClaim,
+    responses={204: {"description": "no queued job for this worker's device"}},
+)
+def claim(
+    worker_id: WorkerId, db: DatabaseDep, settings: SettingsDep, _: WorkerAccess
+) -> JobClaim | Response:
+    """Claim the oldest queued job for the worker's device under a lease; 204 when none."""
+    with db.session(write=True) as session:
+        claimed = store.claim_job(session, worker_id, lease_seconds=settings.lease_seconds)
+        if claimed is None:
+            return Response(status_code=status.HTTP_204_NO_CONTENT)
+        job, lease = claimed
+        return JobClaim(
+            job=JobPublic.model_validate(job),
+            lease=Lease(
+                lease_id=lease.lease_id,
+                lease_expires_at=lease.lease_expires_at,
+                lease_seconds=lease.lease_seconds,
+            ),
+        )

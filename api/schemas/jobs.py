@@ -1,0 +1,147 @@
+"""Profiling jobs: what is queued, what a worker gets when it claims one, and what it sends
+back under its lease."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    field_validator,
+)
+
+from api.schemas.common import (
+    LongText,
+    Page,
+    PageQuery,
+    PositiveInt32,
+    PositiveInt64,
+    Reference,
+    RequestModel,
+)
+from api.schemas.profiles import ProfileCreate
+from tuner.errors import BadInputError
+from tuner.units import parse_bytes
+
+JobStatus = Literal["queued", "running", "succeeded", "failed"]
+
+Target = Annotated[
+    str,
+    StringConstraints(max_length=500, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"),
+    Field(description="package.module:function returning a tuner.Workload"),
+]
+LeaseId = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")]
+
+
+def _bytes(value: Any) -> Any:
+    # People write "2GiB"; programs send integers. Both mean a byte count.
+    if isinstance(value, str):
+        try:
+            return parse_bytes(value)
+        except BadInputError as exc:
+            raise ValueError(exc.message) from None
+    return value
+
+
+class JobSettings(RequestModel):
+    """How the worker runs ``tuner profile``: the same meaning and defaults as its flags."""
+
+    memory_limit_bytes: Annotated[PositiveInt64 | None, BeforeValidator(_bytes)] = Field(
+        default=None,
+        description="memory to fit in (bytes, or text like '2GiB'); on cuda it emulates a "
+        "smaller card; unset: the worker's own --memory-limit",
+    )
+    headroom: float = Field(default=0.05, ge=0, lt=1, allow_inf_nan=False)
+    strategy: Literal["model", "bisect"] = "model"
+    size_cap: PositiveInt32 = Field(default=4096, description="largest micro batch size to try")
+    warmup_steps: PositiveInt32 = 2
+
+
+class JobCreate(RequestModel):
+    target: Target = Field(examples=["examples.gpt:workload"])
+    options: dict[str, JsonValue] = Field(
+        default_factory=dict, description="keyword arguments for the workload factory"
+    )
+    settings: JobSettings = Field(default_factory=JobSettings)
+    device: Reference = Field(
+        description="the device key, or the device name (e.g. 'NVIDIA H100 80GB HBM3'), "
+        "of the workers that may run it",
+    )
+
+    @field_validator("options")
+    @classmethod
+    def _option_names(cls, options: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        bad = sorted(name for name in options if not name.isidentifier())
+        if bad:
+            raise ValueError(f"option names must be keyword argument names, not {bad}")
+        return options
+
+
+class JobPublic(BaseModel):
+    """A job as anyone with read access sees it; the lease id is only ever given to the
+    worker that holds it."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    target: str
+    options: dict[str, JsonValue]
+    settings: JobSettings
+    device: str
+    status: JobStatus
+    attempts: int = Field(description="claims so far, the current one included")
+    max_attempts: int
+    worker_id: int | None
+    lease_expires_at: datetime | None
+    profile_id: int | None
+    error: str | None = Field(description="why it failed, or why the last attempt did")
+    created_at: datetime
+    updated_at: datetime
+
+
+class JobsPublic(Page[JobPublic]):
+    pass
+
+
+class JobQuery(PageQuery):
+    """Filters of the job list; newest first."""
+
+    status: JobStatus | None = None
+    device: Reference | None = Field(default=None, description="the device the job asks for")
+
+
+class Lease(BaseModel):
+    lease_id: str
+    lease_expires_at: datetime
+    lease_seconds: float = Field(
+        description="the lease's length: heartbeat well within it (a third is a good interval)"
+    )
+
+
+class JobClaim(BaseModel):
+    """A claimed job and the lease under which its worker must heartbeat and report."""
+
+    job: JobPublic
+    lease: Lease
+
+
+class LeaseRef(RequestModel):
+    lease_id: LeaseId
+
+
+class JobResult(LeaseRef):
+    profile: ProfileCreate
+
+
+class JobFailure(LeaseRef):
+    reason: LongText = Field(min_length=1)
+    retryable: bool = Field(
+        description="true when another attempt may succeed (a crash, a hang, a lost "
+        "machine); false when the workload itself is wrong"
+    )

@@ -1,0 +1,30 @@
+"""Workers: processes on GPU hosts that claim jobs for their device."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from api.schemas.common import Key, Name, RequestModel
+from api.schemas.devices import DeviceInfoCreate
+
+
+class WorkerCreate(RequestModel):
+    name: Name = Field(examples=["gpu-host-3"])
+    device_key: Key = Field(description="the device key tuner.fingerprint computed there")
+    device: DeviceInfoCreate
+
+
+class WorkerPublic(BaseModel):
+    id: int
+    name: str
+    device_key: str
+    device_name: str
+    registered_at: datetime
+    last_heartbeat_at: datetime
+
+
+class WorkersPublic(BaseModel):
+    data: list[WorkerPublic]
+    count: int

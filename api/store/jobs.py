@@ -1,0 +1,273 @@
+"""Jobs and workers: queueing, atomic claims under a lease, heartbeats, and finishing a job
+exactly once.
+
+A claim picks the oldest queued job for the worker's device with ``FOR UPDATE SKIP
+LOCKED`` on PostgreSQL, so concurrent claimers skip each other's rows instead of waiting
+or taking the same one. SQLite has no row locks; there every write session starts with
+``BEGIN IMMEDIATE``, which serializes writers, so the same select-then-update is atomic.
+
+A lease is the worker's right to a job until ``lease_expires_at``. Heartbeats extend it;
+a result or failure is accepted only under the current, unexpired lease of a running job,
+inside a transaction that holds the job's row. Expired leases are swept when workers
+claim (and when jobs are read): the job goes back to the queue, or fails once it has had
+``max_attempts`` claims. ``attempts`` counts claims.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from api import models
+from api.schemas.jobs import JobCreate, JobQuery
+from api.schemas.workers import WorkerCreate
+from api.store.paging import keyset_page
+from api.store.profiles import add_profile, upsert_device
+from tuner import results
+from tuner.errors import BadInputError, ConflictError, NotFoundError
+
+
+@dataclass(frozen=True)
+class Lease:
+    lease_id: str
+    lease_expires_at: datetime
+    lease_seconds: float
+
+
+def _when(moment: datetime | None) -> str:
+    return "(never)" if moment is None else moment.isoformat(timespec="seconds")
+
+
+# Workers
+
+
+def register_worker(session: Session, body: WorkerCreate) -> models.Worker:
+    """A new worker on the device ``body`` describes (the device is created if new)."""
+    device = upsert_device(session, body.device_key, body.device)
+    worker = models.Worker(name=body.name, device=device)
+    session.add(worker)
+    session.flush()
+    return worker
+
+
+def get_worker(session: Session, worker_id: int) -> models.Worker:
+    worker = session.get(models.Worker, worker_id)
+    if worker is None:
+        raise NotFoundError(
+            f"no worker with id {worker_id}: register again with POST /api/v1/workers"
+        )
+    return worker
+
+
+def list_workers(session: Session) -> list[models.Worker]:
+    return list(session.scalars(select(models.Worker).order_by(models.Worker.id)))
+
+
+def touch_worker(session: Session, worker_id: int) -> models.Worker:
+    worker = get_worker(session, worker_id)
+    worker.last_heartbeat_at = models.utcnow()
+    return worker
+
+
+# Jobs
+
+
+def create_job(session: Session, body: JobCreate, *, max_attempts: int) -> models.Job:
+    now = models.utcnow()
+    job = models.Job(
+        target=body.target,
+        options=dict(body.options),
+        settings=body.settings.model_dump(mode="json"),
+        device=body.device,
+        status="queued",
+        attempts=0,
+        max_attempts=max_attempts,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def get_job(session: Session, job_id: int) -> models.Job:
+    job = session.get(models.Job, job_id)
+    if job is None:
+        raise NotFoundError(f"no job with id {job_id}; GET /api/v1/jobs lists them")
+    return job
+
+
+def list_jobs(session: Session, query: JobQuery) -> tuple[list[models.Job], int, str | None]:
+    """Newest first: one page of jobs, the count of all that match, and the next token."""
+    where = []
+    if query.status is not None:
+        where.append(models.Job.status == query.status)
+    if query.device is not None:
+        where.append(models.Job.device == query.device)
+    return keyset_page(
+        session,
+        models.Job,
+        created_at=models.Job.created_at,
+        row_id=models.Job.id,
+        where=where,
+        query=query,
+    )
+
+
+def has_expired_leases(session: Session) -> bool:
+    """Whether a sweep would change anything: a cheap read that spares readers a write."""
+    expired = select(models.Job.id).where(
+        models.Job.status == "running", models.Job.lease_expires_at < models.utcnow()
+    )
+    return session.scalar(expired.limit(1)) is not None
+
+
+def expire_leases(session: Session) -> int:
+    """Requeue every running job whose lease expired, or fail it after its last attempt.
+
+    Rows another transaction holds (a heartbeat, a result, another sweep) are skipped:
+    that transaction decides their fate, and the next sweep sees what it left.
+    """
+    now = models.utcnow()
+    expired = session.scalars(
+        select(models.Job)
+        .where(models.Job.status == "running", models.Job.lease_expires_at < now)
+        .with_for_update(skip_locked=True)
+    ).all()
+    for job in expired:
+        what = (
+            f"attempt {job.attempts} of {job.max_attempts}: the lease of worker "
+            f"{job.worker_id} expired at {_when(job.lease_expires_at)} without a heartbeat "
+            "(the worker stopped, lost its connection to the service, or hung)"
+        )
+        if job.attempts >= job.max_attempts:
+            _finish(job, "failed", now, error=f"{what}; no attempts left, so the job failed")
+        else:
+            _requeue(job, now, error=f"{what}; queued again")
+    return len(expired)
+
+
+def claim_job(
+    session: Session, worker_id: int, *, lease_seconds: float
+) -> tuple[models.Job, Lease] | None:
+    """Give the oldest queued job for the worker's device (its key or its name) to the
+    worker under a new lease, or return None when there is none."""
+    worker = touch_worker(session, worker_id)
+    expire_leases(session)
+    job = session.scalar(
+        select(models.Job)
+        .where(
+            models.Job.status == "queued",
+            or_(models.Job.device == worker.device.key, models.Job.device == worker.device.name),
+        )
+        .order_by(models.Job.created_at, models.Job.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    if job is None:
+        return None
+    now = models.utcnow()
+    lease = Lease(uuid.uuid4().hex, now + timedelta(seconds=lease_seconds), lease_seconds)
+    job.status = "running"
+    job.attempts += 1
+    job.worker_id = worker.id
+    job.lease_id = lease.lease_id
+    job.lease_expires_at = lease.lease_expires_at
+    job.updated_at = now
+    session.flush()
+    return job, lease
+
+
+def _held(session: Session, job_id: int, lease_id: str) -> models.Job:
+    """The job, its row locked, if ``lease_id`` is its current and unexpired lease."""
+    job = session.scalar(
+        select(models.Job)
+        .where(models.Job.id == job_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    if job is None:
+        raise NotFoundError(f"no job with id {job_id}; GET /api/v1/jobs lists them")
+    if job.status in ("succeeded", "failed"):
+        raise ConflictError(
+            f"job {job_id} already {job.status}; its outcome is recorded once, so this "
+            "request was not applied: drop it and claim the next job"
+        )
+    if job.status != "running" or job.lease_id != lease_id:
+        raise ConflictError(
+            f"lease {lease_id[:8]}... is no longer the lease of job {job_id} (it expired "
+            "and the job went back to the queue or to another worker): stop working on "
+            "it and claim the next job"
+        )
+    if job.lease_expires_at is None or job.lease_expires_at <= models.utcnow():
+        raise ConflictError(
+            f"the lease of job {job_id} expired at {_when(job.lease_expires_at)}: it will "
+            "be retried; heartbeat more often than the lease length to keep a job"
+        )
+    return job
+
+
+def extend_lease(session: Session, job_id: int, lease_id: str, *, lease_seconds: float) -> Lease:
+    job = _held(session, job_id, lease_id)
+    now = models.utcnow()
+    job.lease_expires_at = now + timedelta(seconds=lease_seconds)
+    job.updated_at = now
+    if job.worker_id is not None:
+        touch_worker(session, job.worker_id)
+    return Lease(lease_id, job.lease_expires_at, lease_seconds)
+
+
+def complete_job(
+    session: Session, job_id: int, lease_id: str, profile: results.Profile
+) -> models.Job:
+    """Store the profile and mark the job succeeded, in the caller's one transaction."""
+    job = _held(session, job_id, lease_id)
+    if profile.workload.target not in (None, job.target):
+        raise BadInputError(
+            f"the profile is of {profile.workload.target}, but job {job_id} profiles "
+            f"{job.target}: send the profile this job produced"
+        )
+    row = add_profile(session, profile)
+    _finish(job, "succeeded", models.utcnow(), error=None)
+    job.profile_id = row.id
+    session.flush()
+    return job
+
+
+def fail_job(
+    session: Session, job_id: int, lease_id: str, *, reason: str, retryable: bool
+) -> models.Job:
+    """Record a failed attempt: queued again when retryable and attempts remain, else failed."""
+    job = _held(session, job_id, lease_id)
+    now = models.utcnow()
+    attempt = f"attempt {job.attempts} of {job.max_attempts}"
+    if retryable and job.attempts < job.max_attempts:
+        _requeue(job, now, error=f"{attempt}: {reason}")
+    elif retryable:
+        _finish(job, "failed", now, error=f"{attempt}, the last: {reason}")
+    else:
+        _finish(job, "failed", now, error=f"{attempt} (not retried): {reason}")
+    session.flush()
+    return job
+
+
+def _requeue(job: models.Job, now: datetime, *, error: str) -> None:
+    job.status = "queued"
+    job.lease_id = None
+    job.lease_expires_at = None
+    job.worker_id = None
+    job.error = error
+    job.updated_at = now
+
+
+def _finish(job: models.Job, status: str, now: datetime, *, error: str | None) -> None:
+    # worker_id stays: it says who finished (or last held) the job.
+    job.status = status
+    job.lease_id = None
+    job.lease_expires_at = None
+    job.error = error
+    job.updated_at = now

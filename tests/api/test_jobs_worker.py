@@ -1,0 +1,283 @@
+"""Real ``tuner worker`` processes against the real service: a worker killed mid-job, a
+workload that crashes, raises or hangs, a stop, and a lease lost while profiling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, update
+
+from api import models
+from api.db import Database
+from api.store.profiles import to_result
+from tests.api.conftest import make_token
+from tests.api.jobs_helpers import api_client, get_job, job_service, queue, wait_for
+from tuner.backends import make_backend
+from tuner.fingerprint import device_key
+from tuner.worker import DeviceIdentity, Worker
+
+REPO = Path(__file__).resolve().parents[2]
+MEMORY_LIMIT = 64 * 2**20
+CPU_KEY = device_key(make_backend("cpu", memory_limit_bytes=MEMORY_LIMIT))
+SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
+
+class Workers:
+    """``tuner worker`` subprocesses, each leading its own process group; whatever is left
+    of them is killed, group and all, when the test ends."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, url: str, token: str, *args: str, name: str) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "tuner.cli", "worker", "--url", url, "--token", token]
+        command += ["--device", "cpu", "--memory-limit", str(MEMORY_LIMIT)]
+        command += ["--poll-interval", "0.2", "--name", name, *args]
+        with (self.logs / f"{name}.log").open("wb") as log:
+            process = subprocess.Popen(
+                command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.started.append(process)
+        return process
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+    def close(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    started = Workers(tmp_path)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def children_of(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (from /proc, so no extra dependency)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        state, parent = fields[0], int(fields[1])
+        if parent == pid and state != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent has not reaped it yet
+
+
+def profiles_stored(database: Database) -> int:
+    with database.session() as session:
+        return session.scalar(select(func.count()).select_from(models.Profile)) or 0
+
+
+def worker_id_named(client: Any, name: str) -> int:
+    ids = [w["id"] for w in client.get("/workers").json()["data"] if w["name"] == name]
+    assert len(ids) == 1, ids
+    worker_id: int = ids[0]
+    return worker_id
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_job_loses_the_job_to_another(
+    migrated_url: str, database: Database, workers: Workers
+) -> None:
+    lease = 2.0
+    admin, token = make_token(database, "admin"), make_token(database, "worker")
+    with job_service(migrated_url, lease_seconds=lease) as server, api_client(server, admin) as api:
+        job = queue(
+            api,
+            device=CPU_KEY,
+            target="tests.job_workloads:slow",
+            options={"delay": 0.3},  # about 8 s of sleeping in loss_fn
+            settings={"size_cap": 4},
+        )
+        first = workers.start(server.url, token, "--once", name="A")
+        wait_for(
+            "worker A to claim the job", lambda: get_job(api, job["id"])["status"] == "running"
+        )
+        profiling = wait_for("worker A's profile subprocess", lambda: children_of(first.pid))
+        # B is up and polling before A dies, so what follows measures the lease alone.
+        second = workers.start(server.url, token, "--once", name="B")
+        wait_for("B to register", lambda: "registered as worker" in workers.log("B"))
+
+        before = get_job(api, job["id"])
+        assert (before["status"], before["attempts"]) == ("running", 1), "A finished too soon"
+        os.killpg(first.pid, signal.SIGKILL)  # the worker and its profile, mid-job
+        killed = time.monotonic()
+        assert first.wait(timeout=10) == -signal.SIGKILL
+        wait_for("A's profile to die with it", lambda: not any(map(alive, profiling)), timeout=10)
+
+        wait_for("B to claim the job again", lambda: get_job(api, job["id"])["attempts"] == 2)
+        reclaimed_after = time.monotonic() - killed
+        done = wait_for(
+            "B to finish the job",
+            lambda: (now := get_job(api, job["id"]))["status"] in ("succeeded", "failed") and now,
+            timeout=120,
+        )
+        recovered_after = time.monotonic() - killed
+        assert second.wait(timeout=30) == 0, workers.log("B")
+        b_id = worker_id_named(api, "B")
+
+    print(f"\nlease {lease:g} s: reclaimed {reclaimed_after:.1f} s, done {recovered_after:.1f} s")
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempts"] == 2
+    assert done["worker_id"] == b_id
+    assert done["error"] is None  # cleared: the job succeeded in the end
+    # A's last heartbeat was at most a third of a lease before the kill; B claims within a
+    # poll interval of the expiry (with slack for a busy machine).
+    assert lease * 2 / 3 - 0.1 <= reclaimed_after <= lease + 3
+    assert profiles_stored(database) == 1
+    with database.session() as session:
+        stored = to_result(session.get_one(models.Profile, done["profile_id"]))
+    assert stored.workload.target == "tests.job_workloads:slow"
+    assert stored.device_key == CPU_KEY
+    assert stored.max_micro_batch_size == 4
+
+
+@SQLITE_ONLY
+@pytest.mark.slow
+def test_the_worker_outlives_workloads_that_crash_or_raise(
+    migrated_url: str, database: Database, workers: Workers
+) -> None:
+    admin, token = make_token(database, "admin"), make_token(database, "worker")
+    with (
+        job_service(migrated_url, max_attempts=2) as server,
+        api_client(server, admin) as api,
+    ):
+        jobs = {
+            name: queue(
+                api, device=CPU_KEY, target=f"tests.job_workloads:{name}", settings={"size_cap": 4}
+            )["id"]
+            for name in ("exits", "raises", "quick")
+        }
+        worker = workers.start(server.url, token, "--exit-when-idle", name="survivor")
+        assert worker.wait(timeout=180) == 0, workers.log("survivor")
+        exits, raises, quick = (get_job(api, jobs[name]) for name in ("exits", "raises", "quick"))
+
+    # A crash is retried (another host might not crash), until the attempts run out.
+    assert exits["status"] == "failed"
+    assert exits["attempts"] == 2
+    assert "attempt 2 of 2, the last" in exits["error"]
+    assert "exited 70" in exits["error"]
+    # An error in the workload is the workload's: retrying would not help.
+    assert raises["status"] == "failed"
+    assert raises["attempts"] == 1
+    assert "not retried" in raises["error"]
+    assert "RuntimeError: deliberate bug" in raises["error"]
+    # And the worker went on to the next job.
+    assert quick["status"] == "succeeded", quick["error"]
+    assert profiles_stored(database) == 1
+    assert "stored a profile" in workers.log("survivor")
+
+
+@SQLITE_ONLY
+@pytest.mark.slow
+def test_a_hung_profile_is_killed_at_the_job_timeout(
+    migrated_url: str, database: Database, workers: Workers
+) -> None:
+    admin, token = make_token(database, "admin"), make_token(database, "worker")
+    with (
+        job_service(migrated_url, max_attempts=1) as server,
+        api_client(server, admin) as api,
+    ):
+        job = queue(api, device=CPU_KEY, target="tests.job_workloads:hang")
+        worker = workers.start(
+            server.url, token, "--exit-when-idle", "--job-timeout", "3", name="patient"
+        )
+        assert worker.wait(timeout=60) == 0, workers.log("patient")
+        failed = get_job(api, job["id"])
+    assert failed["status"] == "failed"
+    assert "did not finish within 3 s" in failed["error"]
+    assert not children_of(worker.pid)
+
+
+@SQLITE_ONLY
+@pytest.mark.slow
+def test_sigterm_hands_the_running_job_back(
+    migrated_url: str, database: Database, workers: Workers
+) -> None:
+    admin, token = make_token(database, "admin"), make_token(database, "worker")
+    with job_service(migrated_url) as server, api_client(server, admin) as api:
+        job = queue(api, device=CPU_KEY, target="tests.job_workloads:hang")
+        worker = workers.start(server.url, token, name="stopped")
+        wait_for("the worker to claim the job", lambda: get_job(api, job["id"])["worker_id"])
+        profiling = wait_for("its profile subprocess", lambda: children_of(worker.pid))
+        worker.send_signal(signal.SIGTERM)  # the worker alone, as a supervisor would
+        assert worker.wait(timeout=30) == 0, workers.log("stopped")
+        back = get_job(api, job["id"])
+    assert not any(map(alive, profiling))
+    assert back["status"] == "queued"
+    assert back["attempts"] == 1
+    assert "was stopped while the job ran" in back["error"]
+    assert "SIGTERM" in workers.log("stopped")
+
+
+@SQLITE_ONLY
+@pytest.mark.slow
+def test_a_lost_lease_stops_the_profile_and_the_worker_moves_on(
+    migrated_url: str, database: Database
+) -> None:
+    admin, token = make_token(database, "admin"), make_token(database, "worker")
+    messages: list[str] = []
+    with (
+        job_service(migrated_url, lease_seconds=3.0) as server,
+        api_client(server, admin) as api,
+    ):
+        job = queue(api, device=CPU_KEY, target="tests.job_workloads:hang")
+        backend = make_backend("cpu", memory_limit_bytes=MEMORY_LIMIT)
+        worker = Worker(
+            url=server.url,
+            token=token,
+            identity=DeviceIdentity("cpu", CPU_KEY, backend.describe()),
+            name="in-process",
+            memory_limit_bytes=MEMORY_LIMIT,
+            poll_interval=0.2,
+            log=messages.append,
+        )
+        runner = threading.Thread(target=worker.run, kwargs={"max_jobs": 1})
+        runner.start()
+        try:
+            wait_for("the claim", lambda: get_job(api, job["id"])["status"] == "running")
+            # As if the lease had expired and another worker had taken the job.
+            with database.session(write=True) as session:
+                session.execute(
+                    update(models.Job).where(models.Job.id == job["id"]).values(lease_id="0" * 32)
+                )
+            runner.join(timeout=30)
+            assert not runner.is_alive()
+        finally:
+            worker.stop()
+            runner.join()
+            worker.close()
+    assert any("lost the lease" in m for m in messages), messages
+    assert any("dropped" in m for m in messages), messages
+    # The worker reported nothing: the job is the new lease holder's.
+    with database.session() as session:
+        still = session.get_one(models.Job, job["id"])
+        assert (still.status, still.lease_id, still.error) == ("running", "0" * 32, None)
