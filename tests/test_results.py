@@ -53,3 +53,13 @@ def test_probe_results_are_frozen_and_refuse_unknown_fields() -> None:
         ProbeResult(micro_batch_size=0, fits=False)
     with pytest.raises(ValueError, match="Extra inputs"):
         ProbeResult(micro_batch_size=1, fits=True, colour="red")  # type: ignore[call-arg]
+
+
+def test_a_profile_reads_back_from_the_json_the_cli_prints() -> None:
+    from tests.api.documents import sample_profile
+    from tuner.results import Profile
+
+    profile = sample_profile()
+    printed = profile.model_dump_json()
+    assert '"peak_bytes"' in printed  # derived, printed for people and tools
+    assert Profile.model_validate_json(printed) == profile
