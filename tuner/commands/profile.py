@@ -93,19 +93,22 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, stderr: Console) -> int:
+    from tuner.plan import per_rank_batch, recommend
+
+    if args.global_batch_size is not None:
+        # Refused before importing torch, which alone takes a second or two.
+        per_rank_batch(args.global_batch_size, args.world_size)
+
     # torch is imported here, not at module level, so `tuner --help` stays fast.
     import torch
 
     from tuner.backends import make_backend
     from tuner.client import TunerClient
     from tuner.display import LiveProgress, print_profile
-    from tuner.plan import per_rank_batch, recommend
     from tuner.profiler import nothing_fits_advice, profile_workload
     from tuner.results import ProbeSettings
     from tuner.workload import load_workload, parse_options
 
-    if args.global_batch_size is not None:
-        per_rank_batch(args.global_batch_size, args.world_size)  # refuse B % W before probing
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     backend = make_backend(device, memory_limit_bytes=args.memory_limit)
     workload = load_workload(args.target, parse_options(args.option))
