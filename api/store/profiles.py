@@ -430,6 +430,21 @@ def to_summary(row: models.Profile) -> ProfileSummary:
     )
 
 
+def _matching(
+    session: Session,
+    column: InstrumentedAttribute[int],
+    model: type[models.Workload] | type[models.Device],
+    reference: str,
+) -> ColumnElement[bool]:
+    """``column`` names a row whose key or name is ``reference``."""
+    ids = list(
+        session.scalars(
+            select(model.id).where(or_(model.key == reference, model.name == reference))
+        )
+    )
+    return column == ids[0] if len(ids) == 1 else column.in_(ids)
+
+
 def get_profile(session: Session, profile_id: int) -> models.Profile:
     row = session.get(models.Profile, profile_id)
     if row is None:
@@ -442,25 +457,14 @@ def list_profiles(
 ) -> tuple[list[models.Profile], int, str | None]:
     """Profiles matching the filters, newest first, without their probes."""
     where: list[ColumnElement[bool]] = []
+    # References are resolved first: one id (the usual case) is an equality, which lets the
+    # (workload_id | device_id, created_at, id) index deliver rows already in page order.
     if query.workload is not None:
         where.append(
-            models.Profile.workload_id.in_(
-                select(models.Workload.id).where(
-                    or_(
-                        models.Workload.key == query.workload,
-                        models.Workload.name == query.workload,
-                    )
-                )
-            )
+            _matching(session, models.Profile.workload_id, models.Workload, query.workload)
         )
     if query.device is not None:
-        where.append(
-            models.Profile.device_id.in_(
-                select(models.Device.id).where(
-                    or_(models.Device.key == query.device, models.Device.name == query.device)
-                )
-            )
-        )
+        where.append(_matching(session, models.Profile.device_id, models.Device, query.device))
     if query.created_after is not None:
         where.append(models.Profile.created_at > query.created_after)
     if query.created_before is not None:
