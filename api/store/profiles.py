@@ -29,7 +29,11 @@ from tuner.errors import BadInputError, ConflictError, NotFoundError
 _LISTED = 5
 
 
-def _insert_if_missing(session: Session, table: Any, values: dict[str, Any]) -> None:
+def _insert_if_missing(
+    session: Session, table: type[models.Device] | type[models.Workload], values: dict[str, Any]
+) -> None:
+    """``INSERT ... ON CONFLICT (key) DO NOTHING``: a concurrent first insert of the same key
+    makes this a no-op (PostgreSQL waits for it to commit) instead of an integrity error."""
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     session.execute(insert(table).values(**values).on_conflict_do_nothing(index_elements=["key"]))

@@ -49,7 +49,11 @@ def newest_fit(session: Session, workload_id: int) -> models.Profile | None:
 def oom_limit(
     session: Session, workload_id: int, device_id: int, since: datetime | None
 ) -> int | None:
-    """The smallest micro batch reported to run out of memory after ``since``."""
+    """The smallest micro batch reported to run out of memory after ``since``.
+
+    ``since`` is the newest profile's ``created_at``, when it was measured: a profile
+    measured after the report lifts it, one measured before and uploaded later does not.
+    """
     statement = select(func.min(models.OomReport.micro_batch_size)).where(
         models.OomReport.workload_id == workload_id, models.OomReport.device_id == device_id
     )
