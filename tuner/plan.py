@@ -17,7 +17,7 @@ from typing import Literal, NoReturn, get_args
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import BadInputError, NothingFitsError
-from tuner.results import AffineFit, ProbeResult, Profile
+from tuner.results import AffineFit, ProbeResult
 
 Policy = Literal["max", "even", "throughput"]
 POLICIES: tuple[str, ...] = get_args(Policy)
@@ -187,24 +187,27 @@ def estimate_max_micro_batch(
 
 
 def recommend_measured(
-    profile: Profile,
     *,
+    max_micro_batch_size: int,
+    probes: Sequence[ProbeResult],
+    capacity_bytes: int | None = None,
     global_batch_size: int,
     world_size: int = 1,
     policy: str = "max",
     oom_limit: int | None = None,
 ) -> Recommendation:
-    """The recommendation from a profile of this very device, kept below a reported OOM."""
-    largest = below_oom(profile.max_micro_batch_size, oom_limit)
+    """The recommendation from a profile of this very device (its ``M*`` and probes), kept
+    below a micro batch that ran out of memory in training."""
+    largest = below_oom(max_micro_batch_size, oom_limit)
     if largest < 1:
-        _nothing_fits(profile.max_micro_batch_size, oom_limit, estimated=False)
+        _nothing_fits(max_micro_batch_size, oom_limit, estimated=False)
     return recommend(
         max_micro_batch_size=largest,
-        probes=profile.probes,
+        probes=probes,
         global_batch_size=global_batch_size,
         world_size=world_size,
         policy=policy,
-        capacity_bytes=profile.device.capacity_bytes,
+        capacity_bytes=capacity_bytes,
     )
 
 

@@ -1,13 +1,14 @@
 """The recommendation for a workload on a device, and the OOM reports that lower it.
 
-A handful of indexed queries whatever the history holds: the workload and the device by
-key or name, the newest profile of the pair (one probe of a unique index) with its own
-probes, and the smallest OOM reported since. A device without a profile of its own gets
-an estimate from the newest fit of the same workload on another device.
+Three indexed queries whatever the history holds: the workload and the device by key or
+name, then, in one statement, the newest profile of the pair (one probe of a unique
+index) with its own probes and the smallest OOM reported since. A device without a
+profile of its own gets an estimate from the newest fit of the workload on another device.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -16,18 +17,81 @@ from sqlalchemy.orm import Session, lazyload
 from api import models
 from api.schemas.oom_reports import OomReportCreate, OomReportPublic
 from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
-from api.store.profiles import find_device, find_workload, fit_of, to_result
-from tuner import plan
+from api.store.profiles import find_device, find_workload, fit_of
+from tuner import plan, results
 from tuner.errors import NotFoundError
 
 
-def newest_profile(session: Session, workload_id: int, device_id: int) -> models.Profile | None:
-    """The profile that counts for a pair: the one measured last."""
-    return session.scalar(
-        select(models.Profile)
-        .where(models.Profile.workload_id == workload_id, models.Profile.device_id == device_id)
-        .order_by(models.Profile.created_at.desc())
+@dataclass(frozen=True)
+class Measured:
+    """What the recommendation needs of the newest profile of a pair, read in one query."""
+
+    profile_id: int
+    created_at: datetime
+    max_micro_batch_size: int
+    headroom: float
+    oom_limit: int | None
+    probes: list[results.ProbeResult]
+
+
+def newest_measured(session: Session, workload_id: int, device_id: int) -> Measured | None:
+    """The newest profile of a pair (the one that counts), its probes and the smallest OOM
+    reported after it: one statement, served by the pair's unique index."""
+    profile, probe, oom = models.Profile, models.Probe, models.OomReport
+    newest = (
+        select(profile.id)
+        .where(profile.workload_id == workload_id, profile.device_id == device_id)
+        .order_by(profile.created_at.desc())
         .limit(1)
+        .scalar_subquery()
+    )
+    smallest_oom = (
+        select(func.min(oom.micro_batch_size))
+        .where(
+            oom.workload_id == workload_id,
+            oom.device_id == device_id,
+            oom.created_at > profile.created_at,
+        )
+        .scalar_subquery()
+    )
+    rows = session.execute(
+        select(
+            profile.id,
+            profile.created_at,
+            profile.max_micro_batch_size,
+            profile.headroom,
+            smallest_oom,
+            probe.micro_batch_size,
+            probe.fits,
+            probe.peak_reserved_bytes,
+            probe.non_torch_bytes,
+            probe.samples_per_second,
+        )
+        .outerjoin(probe, probe.profile_id == profile.id)
+        .where(profile.id == newest)
+        .order_by(probe.ordinal)
+    ).all()
+    if not rows:
+        return None
+    first = rows[0]
+    return Measured(
+        profile_id=first[0],
+        created_at=first[1],
+        max_micro_batch_size=first[2],
+        headroom=first[3],
+        oom_limit=first[4],
+        # Only what the plan reads: size, verdict, peak and speed.
+        probes=[
+            results.ProbeResult(
+                micro_batch_size=row[5],
+                fits=row[6],
+                peak_reserved_bytes=row[7],
+                non_torch_bytes=row[8],
+                samples_per_second=row[9],
+            )
+            for row in rows
+            if row[5] is not None
+        ],
     )
 
 
@@ -68,16 +132,19 @@ def recommend(
     """Measured from the newest profile of the pair, else estimated from another device."""
     workload = find_workload(session, query.workload)
     device = find_device(session, query.device)
-    row = newest_profile(session, workload.id, device.id)
-    if row is not None:
-        limit = oom_limit(session, workload.id, device.id, row.created_at)
+    measured = newest_measured(session, workload.id, device.id)
+    if measured is not None:
+        limit = measured.oom_limit
         chosen = plan.recommend_measured(
-            to_result(row),
+            max_micro_batch_size=measured.max_micro_batch_size,
+            probes=measured.probes,
+            capacity_bytes=device.capacity_bytes,
             global_batch_size=query.global_batch_size,
             world_size=query.world_size,
             policy=query.policy,
             oom_limit=limit,
         )
+        source = Source(measured.profile_id, device.key, measured.created_at, measured.headroom)
     else:
         row = newest_fit(session, workload.id)
         fit = fit_of(row) if row is not None else None
@@ -100,6 +167,7 @@ def recommend(
             policy=query.policy,
             oom_limit=limit,
         )
+        source = Source(row.id, row.device.key, row.created_at, row.headroom)
     return RecommendationPublic(
         **chosen.model_dump(),
         workload_key=workload.key,
@@ -107,13 +175,23 @@ def recommend(
         device_key=device.key,
         device_name=device.name,
         capacity_bytes=device.capacity_bytes,
-        headroom=row.headroom,
+        headroom=source.headroom,
         oom_limit=limit,
-        profile_id=row.id,
-        profile_device_key=row.device.key,
-        profile_created_at=row.created_at,
-        profile_age_s=max(0.0, (now - row.created_at).total_seconds()),
+        profile_id=source.profile_id,
+        profile_device_key=source.device_key,
+        profile_created_at=source.created_at,
+        profile_age_s=max(0.0, (now - source.created_at).total_seconds()),
     )
+
+
+@dataclass(frozen=True)
+class Source:
+    """The profile a recommendation rests on."""
+
+    profile_id: int
+    device_key: str
+    created_at: datetime
+    headroom: float
 
 
 def add_oom_report(session: Session, body: OomReportCreate) -> OomReportPublic:
