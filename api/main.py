@@ -22,6 +22,7 @@ from api.routes import (
     workers,
     workloads,
 )
+from api.routes.dashboard import install as install_dashboard
 from tuner import __version__
 from tuner.errors import BadInputError
 
@@ -67,4 +68,5 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.include_router(workers.router, prefix=API_PREFIX)
     for resource in (devices, workloads, profiles, recommendation, oom_reports):
         app.include_router(resource.router, prefix=API_PREFIX)
+    install_dashboard(app)
     return app

@@ -1,0 +1,104 @@
+"""How the dashboard writes numbers and times: binary units for memory, separators for
+counts, UTC for dates. Jinja filters, and the same rules as ``static/dashboard.js``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from jinja2 import Environment
+
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def fmt_bytes(value: float | None) -> str:
+    """``1536 * 2**20`` reads ``1.50 GiB``: three significant digits, binary units."""
+    if value is None:
+        return "—"
+    sign = "−" if value < 0 else ""
+    size = abs(float(value))
+    unit = 0
+    while size >= 1024 and unit < len(_BINARY_UNITS) - 1:
+        size /= 1024
+        unit += 1
+    if unit == 0:
+        return f"{sign}{size:.0f} B"
+    digits = 2 if size < 10 else 1 if size < 100 else 0
+    return f"{sign}{size:.{digits}f} {_BINARY_UNITS[unit]}"
+
+
+def fmt_int(value: int | None) -> str:
+    return "—" if value is None else f"{value:,}"
+
+
+def fmt_rate(value: float | None) -> str:
+    """Samples per second, with as many decimals as a reader can use."""
+    if value is None:
+        return "—"
+    if value >= 100:
+        return f"{value:,.0f}/s"
+    if value >= 10:
+        return f"{value:.1f}/s"
+    return f"{value:.2f}/s"
+
+
+def fmt_percent(fraction: float | None) -> str:
+    if fraction is None:
+        return "—"
+    percent = fraction * 100
+    return f"{percent:.0f}%" if abs(percent - round(percent)) < 0.05 else f"{percent:.1f}%"
+
+
+def fmt_seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 60:
+        return f"{value:.1f} s"
+    minutes, seconds = divmod(round(value), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s" if seconds else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+def fmt_datetime(value: datetime | None) -> str:
+    """``2026-11-01 09:30 UTC``: one zone for everyone reading the same fleet."""
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def fmt_iso(value: datetime | None) -> str:
+    return "" if value is None else value.astimezone(UTC).isoformat(timespec="seconds")
+
+
+def fmt_ago(value: datetime | None, now: datetime | None = None) -> str:
+    """``5 s ago``, ``3 min ago``, ``2 h ago``, ``4 d ago``; the date beyond a month."""
+    if value is None:
+        return "never"
+    seconds = ((now or datetime.now(UTC)) - value).total_seconds()
+    if seconds < 0:
+        return "just now" if seconds > -60 else fmt_datetime(value)
+    if seconds < 60:
+        return f"{seconds:.0f} s ago"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min ago"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f} h ago"
+    if seconds < 30 * 86400:
+        return f"{seconds // 86400:.0f} d ago"
+    return fmt_datetime(value)
+
+
+def install_filters(environment: Environment) -> None:
+    environment.filters.update(
+        bytes=fmt_bytes,
+        num=fmt_int,
+        rate=fmt_rate,
+        percent=fmt_percent,
+        seconds=fmt_seconds,
+        datetime=fmt_datetime,
+        iso=fmt_iso,
+        ago=fmt_ago,
+    )
