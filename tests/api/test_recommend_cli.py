@@ -9,10 +9,12 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.api.builders import profile_with_speeds, upload
-from tests.api.documents import sample_profile
+from tests.api.documents import MiB, sample_profile
 from tests.services import ServerThread
+from tuner.cli import main
 from tuner.plan import recommend
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,3 +192,60 @@ def test_profile_upload_without_a_url_fails_before_probing() -> None:
     assert done.returncode == 2
     assert "set TUNER_URL" in done.stderr
     assert "probe" not in done.stderr  # nothing was measured
+
+
+# The same commands in this process, so that coverage sees them.
+
+
+def test_recommend_in_process_shows_an_estimate_and_the_oom_limit(
+    http: httpx.Client,
+    service: ServerThread,
+    admin_token: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    upload(http, sample_profile())
+    big = {"key": "g" * 24, "kind": "cuda", "name": "big-gpu", "capacity_bytes": 800 * MiB}
+    http.post("/api/v1/devices", json=big)
+    http.post(
+        "/api/v1/oom-reports",
+        json={"workload": "gpt-test", "device": "big-gpu", "micro_batch_size": 40},
+    )
+    monkeypatch.setenv("TUNER_URL", service.url)
+    monkeypatch.setenv("TUNER_TOKEN", admin_token)
+    status = main(
+        ["recommend", "--workload", "gpt-test", "--device", "big-gpu", "--global-batch-size", "78"]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert status == 0
+    assert out[0] == "micro batch 39 × 2 accumulation steps = global batch 78"
+    assert "estimated from profile 1 on device " + "d" * 24 in out[1]
+    assert out[2].startswith("estimated: expected peak 490 MiB, headroom 310 MiB")
+    assert "kept below micro batch 40" in out[3]
+
+    status = main([*ASK, "--global-batch-size", "8", "--device", "nothing-here"])
+    assert status == 1
+    assert "no device has the key or name" in capsys.readouterr().err
+
+
+def test_profile_upload_in_process_prints_the_id(
+    http: httpx.Client,
+    service: ServerThread,
+    admin_token: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("TUNER_URL", service.url)
+    monkeypatch.setenv("TUNER_TOKEN", admin_token)
+    status = main(["profile", *MLP, "--memory-limit", "4MiB", "--max", "8", "--upload"])
+    assert status == 0
+    out = capsys.readouterr().out
+    listed = http.get("/api/v1/profiles").json()["data"]
+    assert f"uploaded as profile {listed[0]['id']} to {service.url}" in out
+
+    monkeypatch.setenv("TUNER_TOKEN", "mbt_unknown")
+    status = main(["profile", *MLP, "--memory-limit", "4MiB", "--max", "8", "--upload"])
+    assert status == 1
+    captured = capsys.readouterr()
+    assert "largest micro batch that fits: 8" in captured.out  # still shown
+    assert "the profile was not uploaded: unknown token" in captured.err
