@@ -5,9 +5,9 @@ keeps. ``ProfilePublic`` adds the ids; list pages carry ``ProfileSummary`` (no p
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 
 from api.schemas.common import (
     INT64_MAX,
@@ -43,8 +43,7 @@ class MemoryBreakdownCreate(results.MemoryBreakdown):
 
 
 class ProbeCreate(results.ProbeResult):
-    """``tuner.results.ProbeResult``. ``peak_bytes``, which the engine prints, is accepted
-    and ignored: it is always computed again from ``peak_reserved_bytes``."""
+    """``tuner.results.ProbeResult``, whose JSON may carry the derived ``peak_bytes``."""
 
     micro_batch_size: PositiveInt32
     peak_allocated_bytes: Int64 | None = None
@@ -58,13 +57,6 @@ class ProbeCreate(results.ProbeResult):
     steps_run: Int32 = 0
     wall_time_s: NonNegativeFloat = 0.0
     error: LongText | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_derived_peak(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "peak_bytes" in data:
-            data = {k: v for k, v in data.items() if k != "peak_bytes"}
-        return data
 
 
 class AffineFitCreate(results.AffineFit):

@@ -389,9 +389,7 @@ def to_result(row: models.Profile) -> results.Profile:
             )
             for p in row.probes
         ],
-        oversize_probe=results.ProbeResult.model_validate(
-            {k: v for k, v in row.oversize_probe.items() if k != "peak_bytes"}
-        )
+        oversize_probe=results.ProbeResult.model_validate(row.oversize_probe)
         if row.oversize_probe
         else None,
         fit=fit,
