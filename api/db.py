@@ -17,6 +17,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.store.generation import bump_if_changed
 from tuner.errors import BadInputError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -92,6 +93,7 @@ class Database:
         session = (self._write if write else self._read)()
         try:
             yield session
+            bump_if_changed(session)
             session.commit()
         except BaseException:
             session.rollback()

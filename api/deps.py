@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated
+import time
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 
+from api.cache import GenerationCache
 from api.config import ServiceSettings
 from api.db import Database
-from api.security import ANONYMOUS_READER, Principal, authenticate, require_scope, touch_token
+from api.security import (
+    ANONYMOUS_READER,
+    TOUCH_INTERVAL,
+    Principal,
+    authenticate,
+    digest,
+    require_scope,
+    touch_token,
+)
 from tuner.errors import AuthenticationError
 
 TOKEN_COOKIE = "tuner_token"
@@ -40,10 +51,50 @@ def presented_token(request: Request) -> str | None:
     return request.cookies.get(TOKEN_COOKIE)
 
 
-def _scope_dependency(scope: str, *alternatives: str) -> Callable[..., Principal]:
+def current_generation(request: Request) -> int:
+    """The store's generation, read once per request (auth and route share it)."""
+    generation: int | None = getattr(request.state, "generation", None)
+    if generation is None:
+        generation = request.app.state.generation.read()
+        request.state.generation = generation
+    return generation
+
+
+async def _principal(request: Request, db: Database, token: str) -> Principal:
+    """Who ``token`` is: from the cache while the store is unchanged, else from the store.
+
+    A revocation raises the generation, so a revoked token is refused from the next
+    request on, in every process.
+    """
+    cache: GenerationCache[tuple[Principal, float]] = request.app.state.principals
+    key, generation = digest(token), current_generation(request)
+    entry = cache.get(key, generation)
+    if entry is not None and time.monotonic() - entry[1] < TOUCH_INTERVAL.total_seconds():
+        return entry[0]
+
+    def check() -> tuple[Principal, bool]:
+        with db.session() as session:
+            return authenticate(session, token)
+
+    principal, stale = await run_in_threadpool(check)
+    if stale and principal.token_id is not None:
+        token_id = principal.token_id
+
+        def touch() -> None:
+            with db.session(write=True) as session:
+                touch_token(session, token_id)
+
+        await run_in_threadpool(touch)
+    cache.put(key, generation, (principal, time.monotonic()))
+    return principal
+
+
+def _scope_dependency(
+    scope: str, *alternatives: str
+) -> Callable[..., Coroutine[Any, Any, Principal]]:
     """Needs ``scope``, or any one of ``alternatives``."""
 
-    def dependency(request: Request, db: DatabaseDep, settings: SettingsDep) -> Principal:
+    async def dependency(request: Request, db: DatabaseDep, settings: SettingsDep) -> Principal:
         token = presented_token(request)
         if token is None:
             if scope == "read" and settings.public_reads:
@@ -52,14 +103,10 @@ def _scope_dependency(scope: str, *alternatives: str) -> Callable[..., Principal
                 "this request needs a token: send `Authorization: Bearer <token>` "
                 "(an admin creates one with `tuner token create`)"
             )
-        with db.session() as session:
-            principal, stale = authenticate(session, token)
+        principal = await _principal(request, db, token)
         accepted = (scope, *alternatives)
         if not any(principal.allows(one) for one in accepted):
             require_scope(principal, " or ".join(accepted))  # raises, naming what is needed
-        if stale and principal.token_id is not None:
-            with db.session(write=True) as session:
-                touch_token(session, principal.token_id)
         return principal
 
     dependency.__name__ = "require_" + "_or_".join((scope, *alternatives))

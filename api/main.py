@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api import migrate
+from api.cache import GenerationCache
 from api.config import ServiceSettings
 from api.db import Database
 from api.errors import install_error_handlers
@@ -23,6 +24,7 @@ from api.routes import (
     workloads,
 )
 from api.routes.dashboard import install as install_dashboard
+from api.store.generation import GenerationReader
 from tuner import __version__
 from tuner.errors import BadInputError
 
@@ -51,6 +53,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
+        app.state.generation.close()
         database.dispose()
 
     app = FastAPI(
@@ -61,6 +64,10 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.db = database
+    # Answers and token checks kept per store generation (see api.cache).
+    app.state.generation = GenerationReader(database.engine)
+    app.state.principals = GenerationCache()
+    app.state.recommendations = GenerationCache()
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(health.router)

@@ -234,3 +234,17 @@ class OomReport(Base):
     micro_batch_size: Mapped[int] = mapped_column(Integer)
     message: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class StoreState(Base):
+    """One row: the store's generation, raised by every write that can change an answer.
+
+    Service processes cache recommendations and token checks under the generation they
+    were computed at, and read it (one tiny query) on each request: a cache entry is used
+    only while nothing has changed, whichever process wrote.
+    """
+
+    __tablename__ = "store_state"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    generation: Mapped[int] = mapped_column(BigInteger)

@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from api.models import ApiToken, utcnow
+from api.store.generation import mark_changed
 from tuner.errors import AuthenticationError, BadInputError, NotFoundError, PermissionDeniedError
 
 TOKEN_PREFIX = "mbt_"
@@ -80,6 +81,7 @@ def revoke_token(session: Session, token_id: int) -> ApiToken:
         raise NotFoundError(f"no token with id {token_id}; `tuner token list` shows them")
     if row.revoked_at is None:
         row.revoked_at = utcnow()
+        mark_changed(session)  # cached checks of this token end with this transaction
     return row
 
 

@@ -45,6 +45,11 @@ def bare() -> dict[str, bool]:
     return {"ok": True}
 
 
+DISTINCT = "`GET /api/v1/recommendation`, distinct questions"
+FLEET = "`GET /api/v1/recommendation`, 200 repeated questions"
+BARE_LIGHT = "bare FastAPI `GET /bare`, 4 connections"
+FLEET_LIGHT = "`GET /api/v1/recommendation`, 200 repeated questions, 4 connections"
+
 _WRK_SCRIPT = r"""
 local paths = {}
 for line in io.lines(os.getenv("BENCH_PATHS")) do paths[#paths + 1] = line end
@@ -188,7 +193,8 @@ def fill_store(url: str, *, workloads: int, devices: int, history: int) -> tuple
         _, token = create_token(session, name="bench", scopes=["read"])
     database.dispose()
     paths = []
-    for _ in range(5000):
+    # Distinct questions: more than one run sends, so each request is (nearly) a new one.
+    for _ in range(40_000):
         device = rng.choice(device_keys)  # the last two have no profile: estimated
         world = rng.choice([1, 2, 4, 8])
         batch = world * rng.randint(1, 256)
@@ -215,20 +221,34 @@ def start(
             time.sleep(0.2)
 
 
-def run_wrk(url: str, paths: list[str], requests: int, token: str, workdir: Path) -> Load:
+def run_wrk(
+    url: str, paths: list[str], requests: int, token: str, workdir: Path, connections: int = 50
+) -> Load:
     """About ``requests`` requests: wrk bounds a run by time, so the rate is measured first."""
-    rate = _wrk(url, paths, 2.0, token, workdir).rps
-    return _wrk(url, paths, min(120.0, max(1.0, requests / rate)), token, workdir)
+    rate = _wrk(url, paths, 2.0, token, workdir, connections).rps
+    seconds = min(120.0, max(1.0, requests / rate))
+    return _wrk(url, paths, seconds, token, workdir, connections)
 
 
-def _wrk(url: str, paths: list[str], seconds: float, token: str, workdir: Path) -> Load:
+def _wrk(
+    url: str, paths: list[str], seconds: float, token: str, workdir: Path, connections: int = 50
+) -> Load:
     script = workdir / "bench.lua"
     script.write_text(_WRK_SCRIPT)
     paths_file = workdir / "paths.txt"
     paths_file.write_text("\n".join(paths) + "\n")
     env = {**os.environ, "BENCH_PATHS": str(paths_file), "BENCH_TOKEN": token}
     output = subprocess.run(
-        ["wrk", "-t1", "-c50", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url],
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{max(1, round(seconds))}s",
+            "--latency",
+            "-s",
+            str(script),
+            url,
+        ],
         env=env,
         check=True,
         capture_output=True,
@@ -290,13 +310,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         results: dict[str, Load] = {}
-        for name, port, target_paths, auth in (
-            ("bare FastAPI `GET /bare`", bare_port, ["/bare"], ""),
-            ("`GET /api/v1/recommendation`", service_port, paths, token),
-        ):
+        # A fleet: many jobs of the same workloads ask the same few hundred questions.
+        fleet = paths[:200]
+        runs = (
+            ("bare FastAPI `GET /bare`", bare_port, ["/bare"], "", 50),
+            (DISTINCT, service_port, paths, token, 50),
+            (FLEET, service_port, fleet, token, 50),
+            (BARE_LIGHT, bare_port, ["/bare"], "", 4),
+            (FLEET_LIGHT, service_port, fleet, token, 4),
+        )
+        for name, port, target_paths, auth, connections in runs:
             base = f"http://127.0.0.1:{port}"
-            _wrk(base, target_paths, 2.0, auth, workdir)  # warm up
-            results[name] = load = run_wrk(base, target_paths, requests, auth, workdir)
+            _wrk(base, target_paths, 2.0, auth, workdir, connections)  # warm up
+            load = run_wrk(base, target_paths, requests, auth, workdir, connections)
+            results[name] = load
             print(
                 f"{name}: {load.rps:,.0f} req/s, p50 {load.p50_ms:.1f} ms, "
                 f"p99 {load.p99_ms:.1f} ms, errors {load.errors}",
@@ -320,7 +347,11 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for name, r in results.items()
     ]
-    bare_load, ours = results["bare FastAPI `GET /bare`"], results["`GET /api/v1/recommendation`"]
+    bare_load, cold, warm = (
+        results["bare FastAPI `GET /bare`"],
+        results[DISTINCT],
+        results[FLEET],
+    )
     body = "\n\n".join(
         [
             "## Recommendation service under load (`bench/service.py`)",
@@ -331,9 +362,16 @@ def main(argv: list[str] | None = None) -> int:
             markdown_table(
                 ["endpoint", "requests", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors"], rows
             ),
-            f"The recommendation endpoint served {ours.rps / bare_load.rps:.0%} of the bare "
-            f"endpoint's throughput, with p99 {ours.p99_ms:.1f} ms "
-            "(targets: at least 50%, and p99 at most 20 ms).",
+            f"Distinct questions (each computed afresh: 3 indexed queries and the plan) ran "
+            f"at {cold.rps / bare_load.rps:.0%} of the bare endpoint's throughput, p99 "
+            f"{cold.p99_ms:.1f} ms. Fleet-like repeats (200 questions, answered from the "
+            f"cache while the store's generation is unchanged) ran at "
+            f"{warm.rps / bare_load.rps:.0%}, p99 {warm.p99_ms:.1f} ms. Targets: at least "
+            "50% and p99 at most 20 ms. Latency under 50 open connections is mostly "
+            "queueing: at a given rate, mean latency is 50 / rate (Little's law), which is "
+            "why even the bare endpoint's p99 is what it is. With 4 connections the "
+            f"recommendation's p99 is {results[FLEET_LIGHT].p99_ms:.1f} ms (bare "
+            f"{results[BARE_LIGHT].p99_ms:.1f} ms).",
         ]
     )
     print()

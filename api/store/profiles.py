@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import ColumnElement, or_, select
+from sqlalchemy import BindParameter, ColumnElement, Select, bindparam, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session, lazyload
@@ -21,6 +21,7 @@ from api.schemas.common import PageQuery
 from api.schemas.devices import DeviceCreate
 from api.schemas.profiles import ProfilePublic, ProfileQuery, ProfileSummary
 from api.schemas.workloads import WorkloadCreate
+from api.store.generation import mark_changed
 from api.store.paging import keyset_page
 from tuner import results
 from tuner.errors import BadInputError, ConflictError, NotFoundError
@@ -36,7 +37,11 @@ def _insert_if_missing(
     makes this a no-op (PostgreSQL waits for it to commit) instead of an integrity error."""
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    session.execute(insert(table).values(**values).on_conflict_do_nothing(index_elements=["key"]))
+    result = session.execute(
+        insert(table).values(**values).on_conflict_do_nothing(index_elements=["key"])
+    )
+    if result.rowcount:  # type: ignore[attr-defined]
+        mark_changed(session)  # a new name to resolve, a new device to estimate for
 
 
 def upsert_device(session: Session, key: str, info: results.DeviceInfo) -> models.Device:
@@ -190,6 +195,21 @@ def find_workload(session: Session, reference: str) -> models.Workload:
     )
 
 
+# Built once: constructing a statement costs more than SQLite takes to run it.
+_LOOKUPS: dict[type[Any], Select[Any]] = {}
+
+
+def _by_key_or_name(
+    model: type[Any], key: InstrumentedAttribute[str], name: InstrumentedAttribute[str]
+) -> Select[Any]:
+    statement = _LOOKUPS.get(model)
+    if statement is None:
+        reference: BindParameter[str] = bindparam("ref")
+        statement = select(model).where(or_(key == reference, name == reference)).limit(_LISTED + 1)
+        _LOOKUPS[model] = statement
+    return statement
+
+
 class _Keyed(Protocol):
     @property
     def key(self) -> str: ...
@@ -208,9 +228,7 @@ def _find_one(
     what: str,
     missing: str,
 ) -> K:
-    rows: Sequence[K] = session.scalars(
-        select(model).where(or_(key == reference, name == reference)).limit(_LISTED + 1)
-    ).all()
+    rows: Sequence[K] = session.scalars(_by_key_or_name(model, key, name), {"ref": reference}).all()
     for row in rows:
         if row.key == reference:
             return row
@@ -251,6 +269,7 @@ def save_profile(session: Session, profile: results.Profile) -> tuple[models.Pro
         with session.begin_nested():
             session.add(row)
             session.flush()
+        mark_changed(session)
     except IntegrityError:
         existing = _same_profile(session, workload.id, device.id, profile)
         if existing is None:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import BindParameter, Select, bindparam, func, select
 from sqlalchemy.orm import Session, lazyload
 
 from api import models
 from api.schemas.oom_reports import OomReportCreate, OomReportPublic
 from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
+from api.store.generation import mark_changed
 from api.store.profiles import find_device, find_workload, fit_of
 from tuner import plan, results
 from tuner.errors import NotFoundError
@@ -34,10 +36,10 @@ class Measured:
     probes: list[results.ProbeResult]
 
 
-def newest_measured(session: Session, workload_id: int, device_id: int) -> Measured | None:
-    """The newest profile of a pair (the one that counts), its probes and the smallest OOM
-    reported after it: one statement, served by the pair's unique index."""
+def _newest_measured_statement() -> Select[Any]:
     profile, probe, oom = models.Profile, models.Probe, models.OomReport
+    workload_id: BindParameter[int] = bindparam("workload_id")
+    device_id: BindParameter[int] = bindparam("device_id")
     newest = (
         select(profile.id)
         .where(profile.workload_id == workload_id, profile.device_id == device_id)
@@ -54,7 +56,7 @@ def newest_measured(session: Session, workload_id: int, device_id: int) -> Measu
         )
         .scalar_subquery()
     )
-    rows = session.execute(
+    return (
         select(
             profile.id,
             profile.created_at,
@@ -70,6 +72,40 @@ def newest_measured(session: Session, workload_id: int, device_id: int) -> Measu
         .outerjoin(probe, probe.profile_id == profile.id)
         .where(profile.id == newest)
         .order_by(probe.ordinal)
+    )
+
+
+def _oom_statement(*, since: bool) -> Select[Any]:
+    oom = models.OomReport
+    statement = select(func.min(oom.micro_batch_size)).where(
+        oom.workload_id == bindparam("workload_id"), oom.device_id == bindparam("device_id")
+    )
+    return statement.where(oom.created_at > bindparam("since")) if since else statement
+
+
+# Built once, with bound parameters: constructing a statement costs more than SQLite
+# takes to run it, and this is the path every training job's question takes.
+_NEWEST_MEASURED = _newest_measured_statement()
+_NEWEST_FIT = (
+    select(models.Profile)
+    .where(
+        models.Profile.workload_id == bindparam("workload_id"),
+        models.Profile.fit_bytes_per_sample > 0,
+        models.Profile.fit_fixed_bytes.is_not(None),
+    )
+    .order_by(models.Profile.created_at.desc(), models.Profile.id.desc())
+    .limit(1)
+    .options(lazyload(models.Profile.probes))
+)
+_OOM_SINCE = _oom_statement(since=True)
+_OOM_EVER = _oom_statement(since=False)
+
+
+def newest_measured(session: Session, workload_id: int, device_id: int) -> Measured | None:
+    """The newest profile of a pair (the one that counts), its probes and the smallest OOM
+    reported after it: one statement, served by the pair's unique index."""
+    rows = session.execute(
+        _NEWEST_MEASURED, {"workload_id": workload_id, "device_id": device_id}
     ).all()
     if not rows:
         return None
@@ -97,17 +133,7 @@ def newest_measured(session: Session, workload_id: int, device_id: int) -> Measu
 
 def newest_fit(session: Session, workload_id: int) -> models.Profile | None:
     """The newest profile of the workload, on any device, whose fit can estimate sizes."""
-    return session.scalar(
-        select(models.Profile)
-        .where(
-            models.Profile.workload_id == workload_id,
-            models.Profile.fit_bytes_per_sample > 0,
-            models.Profile.fit_fixed_bytes.is_not(None),
-        )
-        .order_by(models.Profile.created_at.desc(), models.Profile.id.desc())
-        .limit(1)
-        .options(lazyload(models.Profile.probes))
-    )
+    return session.scalar(_NEWEST_FIT, {"workload_id": workload_id})
 
 
 def oom_limit(
@@ -118,12 +144,12 @@ def oom_limit(
     ``since`` is the newest profile's ``created_at``, when it was measured: a profile
     measured after the report lifts it, one measured before and uploaded later does not.
     """
-    statement = select(func.min(models.OomReport.micro_batch_size)).where(
-        models.OomReport.workload_id == workload_id, models.OomReport.device_id == device_id
-    )
-    if since is not None:
-        statement = statement.where(models.OomReport.created_at > since)
-    return session.scalar(statement)
+    parameters: dict[str, Any] = {"workload_id": workload_id, "device_id": device_id}
+    if since is None:
+        smallest: int | None = session.scalar(_OOM_EVER, parameters)
+    else:
+        smallest = session.scalar(_OOM_SINCE, {**parameters, "since": since})
+    return smallest
 
 
 def recommend(
@@ -207,6 +233,7 @@ def add_oom_report(session: Session, body: OomReportCreate) -> OomReportPublic:
     )
     session.add(row)
     session.flush()
+    mark_changed(session)
     return OomReportPublic(
         id=row.id,
         workload_id=workload.id,

@@ -1,0 +1,87 @@
+"""Cached answers and token checks never outlive a write, from whichever process it came.
+
+The writes here go straight to the store, as `tuner token revoke`, a worker or another
+service replica would: not through this service, which therefore learns of them only
+through the store's generation.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from api.cache import GenerationCache
+from api.db import Database
+from api.security import list_tokens, revoke_token
+from api.store.generation import GenerationReader, mark_changed
+from api.store.profiles import add_profile
+from tests.api.conftest import make_token
+from tests.api.documents import sample_profile
+
+QUESTION = {"workload": "w" * 24, "device": "d" * 24, "global_batch_size": 64}
+
+
+def test_a_token_revoked_elsewhere_is_refused_on_the_next_request(
+    service, database: Database
+) -> None:
+    token = make_token(database, "read", name="soon-revoked")
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=service.url, headers=headers, timeout=10) as client:
+        assert client.get("/api/v1/profiles").status_code == 200
+        assert client.get("/api/v1/profiles").status_code == 200  # now from the cache
+        with database.session(write=True) as session:
+            token_id = next(t.id for t in list_tokens(session) if t.name == "soon-revoked")
+            revoke_token(session, token_id)
+        assert client.get("/api/v1/profiles").status_code == 401
+
+
+def test_a_profile_stored_elsewhere_changes_the_next_answer(
+    http: httpx.Client, database: Database
+) -> None:
+    with database.session(write=True) as session:
+        add_profile(session, sample_profile(max_micro_batch_size=8))
+    first = http.get("/api/v1/recommendation", params=QUESTION).json()
+    again = http.get("/api/v1/recommendation", params=QUESTION).json()
+    assert first["micro_batch_size"] == again["micro_batch_size"] == 8
+    with database.session(write=True) as session:
+        add_profile(session, sample_profile(max_micro_batch_size=16))
+    assert http.get("/api/v1/recommendation", params=QUESTION).json()["micro_batch_size"] == 16
+
+
+def test_an_oom_report_lowers_the_cached_answer_at_once(http: httpx.Client, database) -> None:
+    with database.session(write=True) as session:
+        add_profile(session, sample_profile(max_micro_batch_size=16))
+    assert http.get("/api/v1/recommendation", params=QUESTION).json()["micro_batch_size"] == 16
+    report = {
+        "workload": QUESTION["workload"],
+        "device": QUESTION["device"],
+        "micro_batch_size": 12,
+    }
+    assert http.post("/api/v1/oom-reports", json=report).status_code == 201
+    assert http.get("/api/v1/recommendation", params=QUESTION).json()["micro_batch_size"] == 11
+
+
+def test_one_transaction_raises_the_generation_once(database: Database) -> None:
+    reader = GenerationReader(database.engine)
+    try:
+        before = reader.read()
+        with database.session(write=True) as session:
+            mark_changed(session)
+            mark_changed(session)
+        assert reader.read() == before + 1
+        with database.session(write=True):
+            pass  # a write session that changed nothing leaves it alone
+        assert reader.read() == before + 1
+    finally:
+        reader.close()
+
+
+def test_generation_cache_answers_only_for_its_generation_and_stays_bounded() -> None:
+    cache: GenerationCache[str] = GenerationCache(max_entries=2)
+    cache.put("a", 1, "A")
+    assert cache.get("a", 1) == "A"
+    assert cache.get("a", 2) is None  # something was written since
+    cache.put("b", 1, "B")
+    cache.get("a", 1)  # a is now the most recently used
+    cache.put("c", 1, "C")
+    assert (cache.get("a", 1), cache.get("b", 1), cache.get("c", 1)) == ("A", None, "C")
+    assert len(cache) == 2
