@@ -169,8 +169,9 @@ class Accumulator:
         # DDP averages gradients over ranks, so each rank's share is scaled up by W.
         scale = world.size / total_units
         self.optimizer.zero_grad(set_to_none=True)
-        # A tensor, not a float: reading a CUDA value each micro batch would stall the GPU.
-        loss_sum = torch.zeros((), device=_device_of(self.model))
+        # Detached tensors, read once at the end: reading a CUDA value each micro batch
+        # would stall the GPU, and summing as we go costs two operators a micro batch.
+        losses: list[torch.Tensor] = []
         oom_message: str | None = None
         try:
             for index, (part, part_units) in enumerate(zip(parts, units, strict=True)):
@@ -184,7 +185,7 @@ class Accumulator:
                 with self._no_sync(last, world):
                     with self._autocast():
                         loss = self.loss_fn(self.model, part)
-                    loss_sum += loss.detach().float() * part_units
+                    losses.append(loss.detach())
                     weighted = loss * (part_units * scale)
                     del loss
                     (self.scaler.scale(weighted) if self.scaler else weighted).backward()
@@ -207,7 +208,8 @@ class Accumulator:
             _all_reduce_gradients(self.model, world)
         grad_norm, stepped = self._optimizer_step()
         return StepReport(
-            loss=float(loss_sum) / sum(units),
+            # After the step the GPU has finished: these reads no longer stall anything.
+            loss=sum(float(x) * u for x, u in zip(losses, units, strict=True)) / sum(units),
             units=sum(units),
             micro_batch_size=size,
             split=split,
