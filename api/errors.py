@@ -3,6 +3,7 @@ status per error code. The client rebuilds the same exception type from ``code``
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -35,6 +36,23 @@ def error_body(
     return {"error": error}
 
 
+def describe_invalid(
+    errors: Iterable[Mapping[str, Any]], *, location: Sequence[str] = ()
+) -> tuple[str, list[dict[str, Any]]]:
+    """The message and the ``fields`` of a 422 from pydantic's errors; ``location``
+    ("query", "body", "path") prefixes each error's own location."""
+    fields = [
+        {
+            "location": [*location, *(str(part) for part in err.get("loc", ()))],
+            "message": str(err.get("msg", "")),
+            "type": str(err.get("type", "")),
+        }
+        for err in errors
+    ]
+    summary = "; ".join(f"{'.'.join(f['location'])}: {f['message']}" for f in fields[:5])
+    return f"invalid request: {summary}", fields
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TunerError)
     async def _tuner_error(_request: Request, exc: TunerError) -> JSONResponse:
@@ -44,18 +62,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        fields = [
-            {
-                "location": [str(part) for part in err.get("loc", ())],
-                "message": str(err.get("msg", "")),
-                "type": str(err.get("type", "")),
-            }
-            for err in exc.errors()
-        ]
-        summary = "; ".join(f"{'.'.join(f['location'])}: {f['message']}" for f in fields[:5])
-        return JSONResponse(
-            error_body("bad_input", f"invalid request: {summary}", fields), status_code=422
-        )
+        message, fields = describe_invalid(exc.errors())
+        return JSONResponse(error_body("bad_input", message, fields), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

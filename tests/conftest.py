@@ -23,6 +23,15 @@ settings.load_profile("repo")
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _client_cache_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TunerClient keeps answers for offline use in the user's cache directory; tests (and
+    the commands they start) keep them in a directory of their own."""
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path_factory.mktemp("client-cache")))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

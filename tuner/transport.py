@@ -2,7 +2,9 @@
 
 Timeouts on every request; connection failures and 502/503/504 retried a bounded number
 of times with exponential backoff; error bodies (``{"error": {"code", "message"}}``)
-turned back into the exception type the service raised.
+turned back into the exception type the service raised. What still fails after the
+retries (no connection, a timeout, a 502/503/504 from the service or a proxy in front of
+it) is a ``ServiceUnavailableError``, so callers can tell "not reachable" from an answer.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ def error_from_response(response: httpx.Response) -> TunerError:
         error = response.json()["error"]
         code, message = str(error["code"]), str(error["message"])
     except (ValueError, KeyError, TypeError):
-        return TunerError(f"the service answered {response.status_code}: {response.text[:200]}")
+        status = response.status_code
+        if status in RETRYABLE_STATUS:
+            # A gateway's own page: the service behind it is down, restarting or overloaded.
+            return ServiceUnavailableError(
+                f"the service at {response.request.url.host} answered {status} "
+                f"{response.reason_phrase} without an error of its own (a proxy with no "
+                "service behind it, or one that is restarting): try again later"
+            )
+        return TunerError(f"the service answered {status}: {response.text[:200]}")
     cls = ERRORS_BY_CODE.get(code)
     if cls is None:
         cls = BadInputError if response.status_code in (413, 422) else TunerError
@@ -67,7 +77,17 @@ class Transport:
             else:
                 if response.status_code not in RETRYABLE_STATUS or attempt >= self.retries:
                     if response.is_success:
-                        return response.json() if response.content else None
+                        return _json(response) if response.content else None
                     raise error_from_response(response)
             time.sleep(self.backoff * 2**attempt)
             attempt += 1
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        raise TunerError(
+            f"{response.request.url} answered {response.status_code} with something that is "
+            "not JSON: check that the URL is the microbatch-tuner service (TUNER_URL)"
+        ) from None

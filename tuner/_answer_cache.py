@@ -1,0 +1,126 @@
+"""The last answer to each recommendation question, kept on disk for when the service is
+out of reach. Torch-free.
+
+One small JSON file per question, named by the SHA-256 of the question (service URL,
+workload, device, global batch, world size, policy), so processes that ask different
+questions never touch the same file. A file is written whole to a temporary name and
+moved into place with ``os.replace``: a reader sees the old answer or the new one, never
+half of one, even with many ranks writing at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from platformdirs import user_cache_path
+from pydantic import ValidationError
+
+from api.schemas.recommendation import RecommendationPublic
+
+FORMAT_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    """``recommendations`` in the user's cache directory, e.g. ``~/.cache/microbatch-tuner``."""
+    return user_cache_path("microbatch-tuner", appauthor=False) / "recommendations"
+
+
+def redact(url: str) -> str:
+    """``url`` without a password, fit to write into files and messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+@dataclass(frozen=True)
+class Question:
+    """What a recommendation answers; the service URL is part of it."""
+
+    service: str
+    workload: str
+    device: str
+    global_batch_size: int
+    world_size: int
+    policy: str
+
+    def params(self) -> dict[str, Any]:
+        """The question as the service's query parameters."""
+        document = asdict(self)
+        del document["service"]
+        return document
+
+    def document(self) -> dict[str, Any]:
+        """The question as written into its file, the service's password left out."""
+        return {**asdict(self), "service": redact(self.service)}
+
+    def digest(self) -> str:
+        canonical = json.dumps(self.document(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def describe(self) -> str:
+        ranks = f" over {self.world_size} ranks" if self.world_size > 1 else ""
+        return (
+            f"workload {self.workload!r} on device {self.device!r}, global batch "
+            f"{self.global_batch_size}{ranks}, policy {self.policy}"
+        )
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    answer: RecommendationPublic
+    saved_at: datetime
+
+
+class AnswerCache:
+    """Answers by question in ``directory`` (created on the first save)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def _path(self, question: Question) -> Path:
+        return self.directory / f"{question.digest()}.json"
+
+    def save(self, question: Question, answer: RecommendationPublic) -> None:
+        """Keep ``answer``; raises ``OSError`` when the directory cannot be written."""
+        document = {
+            "version": FORMAT_VERSION,
+            "question": question.document(),
+            "saved_at": datetime.now(UTC).isoformat(),
+            "answer": answer.model_dump(mode="json"),
+        }
+        self.directory.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(dir=self.directory, prefix=".", suffix=".tmp")
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                json.dump(document, handle)
+            os.replace(temporary, self._path(question))
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+
+    def load(self, question: Question) -> CachedAnswer | None:
+        """The last answer saved for ``question``; None when there is none or it is unreadable
+        (a file from another version, or damaged)."""
+        try:
+            document = json.loads(self._path(question).read_text(encoding="utf-8"))
+            if document.get("version") != FORMAT_VERSION:
+                return None
+            if document.get("question") != question.document():
+                return None
+            saved_at = datetime.fromisoformat(document["saved_at"])
+            answer = RecommendationPublic.model_validate(document["answer"])
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, ValidationError):
+            return None
+        return CachedAnswer(answer=answer, saved_at=saved_at)
