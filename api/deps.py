@@ -26,12 +26,14 @@ from tuner.errors import AuthenticationError
 TOKEN_COOKIE = "tuner_token"
 
 
-def get_database(request: Request) -> Database:
+# Async although they only read attributes: FastAPI runs a plain `def` dependency in its
+# threadpool, two thread hops a request for nothing.
+async def get_database(request: Request) -> Database:
     database: Database = request.app.state.db
     return database
 
 
-def get_settings(request: Request) -> ServiceSettings:
+async def get_settings(request: Request) -> ServiceSettings:
     settings: ServiceSettings = request.app.state.settings
     return settings
 
