@@ -165,3 +165,17 @@ def test_optimizer_settings_held_as_tensors_or_objects_are_keyed_by_kind() -> No
     assert with_lr(torch.tensor(0.0)) != with_lr(torch.tensor(0.1))
     assert with_lr(object()) == with_lr(object())
     assert with_lr(object()) != with_lr(0.1)
+
+
+def test_a_learning_rate_scheduler_does_not_change_the_workload_key() -> None:
+    import torch
+
+    from tuner.fingerprint import workload_key
+    from tuner.workload import load_workload
+
+    workload = load_workload("examples.mlp:workload", {"hidden": 16, "layers": 1})
+    optimizer = workload.build_optimizer()
+    before = workload_key(workload, optimizer)
+    torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=10)
+    assert "initial_lr" in optimizer.param_groups[0]  # the scheduler did write to the groups
+    assert workload_key(workload, optimizer) == before

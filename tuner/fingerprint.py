@@ -93,7 +93,11 @@ def optimizer_signature(optimizer: torch.optim.Optimizer, model: nn.Module) -> d
     names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
     groups = []
     for group in optimizer.param_groups:
-        settings = {k: _memory_relevant(v) for k, v in sorted(group.items()) if k != "params"}
+        # Only the optimizer's own settings: LR schedulers add keys (initial_lr, max_lr,
+        # ...) to the groups once training starts, and those never change memory.
+        settings = {
+            k: _memory_relevant(v) for k, v in sorted(group.items()) if k in optimizer.defaults
+        }
         params = [names.get(id(p), f"<not in model: {list(p.shape)}>") for p in group["params"]]
         groups.append({"settings": settings, "params": params})
     cls = type(optimizer)
