@@ -34,13 +34,12 @@ from tuner.backends import is_out_of_memory
 from tuner.batching import Batch, batch_size_of, slice_batch
 from tuner.errors import BadInputError
 from tuner.plan import split_batch
-from tuner.workload import Precision, Workload
+from tuner.workload import Precision, Workload, autocast
 
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 OomCallback = Callable[[int, int, str], None]  # (failed size, new size, message)
 SyncMode = Literal["ddp", "safe"]
 
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _BUCKET_BYTES = 25 * 2**20
 _warned_batchnorm: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
@@ -251,10 +250,7 @@ class Accumulator:
         return units
 
     def _autocast(self) -> AbstractContextManager[Any]:
-        dtype = _AUTOCAST_DTYPES.get(self.precision)
-        if dtype is None:
-            return nullcontext()
-        return torch.autocast(_device_of(self.model).type, dtype=dtype)
+        return autocast(self.precision, _device_of(self.model).type)
 
     def _no_sync(self, last: bool, world: _World) -> AbstractContextManager[Any]:
         no_sync = getattr(self.model, "no_sync", None)

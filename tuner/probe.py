@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -23,9 +24,7 @@ from tuner.batching import Batch, batch_tensors, to_device
 from tuner.errors import WorkloadError
 from tuner.results import MemoryBreakdown, ProbeResult, ProbeSettings
 from tuner.state import TrainingState
-from tuner.workload import Workload
-
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+from tuner.workload import Workload, autocast
 
 
 def fits_budget(reading: PeakReading, *, non_torch_bytes: int, budget_bytes: int) -> bool:
@@ -163,11 +162,8 @@ class Prober:
         if reading is not None:
             self.backend.end_phase(reading, "optimizer")
 
-    def _autocast(self) -> torch.autocast | nullcontext[None]:
-        dtype = _AUTOCAST_DTYPES.get(self.workload.precision)
-        if dtype is None:
-            return nullcontext()
-        return torch.autocast(self.backend.device.type, dtype=dtype)
+    def _autocast(self) -> AbstractContextManager[Any]:
+        return autocast(self.workload.precision, self.backend.device.type)
 
     def _new_scaler(self) -> torch.amp.GradScaler | None:
         if self.workload.precision != "fp16":

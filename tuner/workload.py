@@ -12,8 +12,9 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -23,6 +24,17 @@ from tuner.errors import WorkloadError
 
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(precision: str, device_type: str) -> AbstractContextManager[Any]:
+    """Autocast in the precision's dtype on ``device_type``; nothing for fp32."""
+    dtype = _AUTOCAST_DTYPES.get(precision)
+    if dtype is None:
+        return nullcontext()
+    return torch.autocast(device_type, dtype=dtype)
+
 
 OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
