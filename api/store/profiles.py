@@ -167,47 +167,39 @@ def list_workloads(
     )
 
 
+DEVICE_MISSING = (
+    "a device becomes known when a worker registers on it or a profile from it is uploaded; "
+    "GET /api/v1/devices lists the known ones"
+)
+WORKLOAD_MISSING = (
+    "profile it first (`tuner profile TARGET --upload`); GET /api/v1/workloads lists the known ones"
+)
+
+
 def find_device(session: Session, reference: str) -> models.Device:
     """The one device whose key, or else whose name, is ``reference``."""
-    return _find_one(
-        session,
-        models.Device,
-        models.Device.key,
-        models.Device.name,
-        reference,
-        what="device",
-        missing="a device becomes known when a worker registers on it or a profile from it "
-        "is uploaded; GET /api/v1/devices lists the known ones",
-    )
+    rows: Sequence[models.Device] = session.scalars(_DEVICE_LOOKUP, {"ref": reference}).all()
+    return choose_by_reference(rows, reference, what="device", missing=DEVICE_MISSING)
 
 
 def find_workload(session: Session, reference: str) -> models.Workload:
     """The one workload whose key, or else whose name, is ``reference``."""
-    return _find_one(
-        session,
-        models.Workload,
-        models.Workload.key,
-        models.Workload.name,
-        reference,
-        what="workload",
-        missing="profile it first (`tuner profile TARGET --upload`); GET /api/v1/workloads "
-        "lists the known ones",
-    )
+    rows: Sequence[models.Workload] = session.scalars(_WORKLOAD_LOOKUP, {"ref": reference}).all()
+    return choose_by_reference(rows, reference, what="workload", missing=WORKLOAD_MISSING)
+
+
+def by_key_or_name(
+    key: InstrumentedAttribute[str], name: InstrumentedAttribute[str], *columns: Any
+) -> Select[Any]:
+    """Rows whose key or name is the bound parameter ``ref``: enough of them to tell a
+    unique reference from an ambiguous name, and to list some candidates."""
+    reference: BindParameter[str] = bindparam("ref")
+    return select(*columns).where(or_(key == reference, name == reference)).limit(_LISTED + 1)
 
 
 # Built once: constructing a statement costs more than SQLite takes to run it.
-_LOOKUPS: dict[type[Any], Select[Any]] = {}
-
-
-def _by_key_or_name(
-    model: type[Any], key: InstrumentedAttribute[str], name: InstrumentedAttribute[str]
-) -> Select[Any]:
-    statement = _LOOKUPS.get(model)
-    if statement is None:
-        reference: BindParameter[str] = bindparam("ref")
-        statement = select(model).where(or_(key == reference, name == reference)).limit(_LISTED + 1)
-        _LOOKUPS[model] = statement
-    return statement
+_DEVICE_LOOKUP = by_key_or_name(models.Device.key, models.Device.name, models.Device)
+_WORKLOAD_LOOKUP = by_key_or_name(models.Workload.key, models.Workload.name, models.Workload)
 
 
 class _Keyed(Protocol):
@@ -218,17 +210,9 @@ class _Keyed(Protocol):
 K = TypeVar("K", bound=_Keyed)
 
 
-def _find_one(
-    session: Session,
-    model: type[K],
-    key: InstrumentedAttribute[str],
-    name: InstrumentedAttribute[str],
-    reference: str,
-    *,
-    what: str,
-    missing: str,
-) -> K:
-    rows: Sequence[K] = session.scalars(_by_key_or_name(model, key, name), {"ref": reference}).all()
+def choose_by_reference(rows: Sequence[K], reference: str, *, what: str, missing: str) -> K:
+    """The row whose key is ``reference``, else the one row so named; an error that says
+    what to do when there is none or the name is ambiguous."""
     for row in rows:
         if row.key == reference:
             return row
