@@ -23,31 +23,46 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = dict(scope.get("headers", [])).get(b"content-length")
+        headers = dict(scope.get("headers", []))
+        length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             await self._refuse(send)
             return
+        if b"transfer-encoding" not in headers:
+            # No body, or one framed by its Content-Length (checked above), which the
+            # server reads to the byte: nothing to count, so nothing to wrap.
+            await self.app(scope, receive, send)
+            return
         received = 0
-        started = False
+        overflowed = refused = started = False
 
         async def counting_receive() -> Message:
-            nonlocal received
+            nonlocal received, overflowed
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
+                    overflowed = True
                     raise BodyTooLargeError
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
+        async def guarded_send(message: Message) -> None:
+            nonlocal refused, started
+            if overflowed and not started:
+                # The app saw its read fail and may answer in its own words (FastAPI:
+                # 400 "error parsing the body"); the client hears what really happened.
+                if not refused:
+                    refused = True
+                    await self._refuse(send)
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
-            await self.app(scope, counting_receive, tracking_send)
+            await self.app(scope, counting_receive, guarded_send)
         except BodyTooLargeError:
-            if not started:
+            if not (refused or started):
+                refused = True
                 await self._refuse(send)
 
     async def _refuse(self, send: Send) -> None:

@@ -317,6 +317,33 @@ def test_a_body_that_is_not_json_is_refused_without_a_crash(http: httpx.Client) 
     assert response.status_code == 422
 
 
+def test_bodies_over_one_mib_are_413_whether_declared_or_streamed(http: httpx.Client) -> None:
+    """Content-Length over the limit is refused before reading; a chunked body (no length
+    given) is counted while it streams. Either way nothing is stored."""
+    padding = {"message": "x" * (1024 * 1024)}
+    declared = http.post("/api/v1/oom-reports", json=padding)
+    assert error_of(declared, 413)["code"] == "payload_too_large"
+
+    def chunks(total: int) -> Iterator[bytes]:
+        yield b'{"message": "'
+        for _ in range(total // 65536):
+            yield b"y" * 65536
+        yield b'"}'
+
+    streamed = http.post(
+        "/api/v1/oom-reports",
+        content=chunks(2 * 1024 * 1024),
+        headers={"Content-Type": "application/json"},
+    )
+    assert error_of(streamed, 413)["code"] == "payload_too_large"
+    # A chunked body under the limit is read whole and judged on its content.
+    small = http.post(
+        "/api/v1/oom-reports", content=chunks(0), headers={"Content-Type": "application/json"}
+    )
+    assert small.status_code == 422
+    assert http.get("/api/v1/profiles").json()["count"] == 0
+
+
 # Tokens
 
 
