@@ -6,8 +6,10 @@ with, so a cached answer is never older than the last write, from any process.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Awaitable, Callable, Hashable
+from functools import partial
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
@@ -39,3 +41,29 @@ class GenerationCache(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class SingleFlight(Generic[V]):
+    """Concurrent callers asking for the same key share one computation.
+
+    After a write raises the generation, every connection of a busy server misses the
+    cache at once; without this, fifty requests would each check the same token (and
+    record its use) in fifty threads. Used from the event loop only.
+    """
+
+    def __init__(self) -> None:
+        self._running: dict[Hashable, asyncio.Task[V]] = {}
+
+    async def run(self, key: Hashable, compute: Callable[[], Awaitable[V]]) -> V:
+        task = self._running.get(key)
+        if task is None:
+            task = asyncio.ensure_future(compute())
+            self._running[key] = task
+            task.add_done_callback(partial(self._finished, key))
+        # Shielded: a caller that goes away does not cancel the others' computation.
+        return await asyncio.shield(task)
+
+    def _finished(self, key: Hashable, task: asyncio.Task[V]) -> None:
+        self._running.pop(key, None)
+        if not task.cancelled():
+            task.exception()  # retrieved here too, in case every caller went away

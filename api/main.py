@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api import migrate
-from api.cache import GenerationCache
+from api.cache import GenerationCache, SingleFlight
 from api.config import ServiceSettings
 from api.db import Database
 from api.errors import install_error_handlers
@@ -24,7 +24,7 @@ from api.routes import (
     workloads,
 )
 from api.routes.dashboard import install as install_dashboard
-from api.store.generation import GenerationReader
+from api.store.generation import DirectReader
 from tuner import __version__
 from tuner.errors import BadInputError
 
@@ -53,7 +53,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
-        app.state.generation.close()
+        app.state.reader.close()
         database.dispose()
 
     app = FastAPI(
@@ -65,15 +65,18 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.db = database
     # Answers and token checks kept per store generation (see api.cache).
-    app.state.generation = GenerationReader(database.engine)
+    app.state.reader = DirectReader(database.engine)
     app.state.principals = GenerationCache()
+    app.state.principal_checks = SingleFlight()
     app.state.recommendations = GenerationCache()
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Routes are matched in order: the question every training job asks comes first.
+    app.include_router(recommendation.router, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(jobs.router, prefix=API_PREFIX)
     app.include_router(workers.router, prefix=API_PREFIX)
-    for resource in (devices, workloads, profiles, recommendation, oom_reports):
+    for resource in (devices, workloads, profiles, oom_reports):
         app.include_router(resource.router, prefix=API_PREFIX)
     install_dashboard(app)
     return app

@@ -7,12 +7,18 @@ through the store's generation.
 
 from __future__ import annotations
 
-import httpx
+import time
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
+import pytest
+from sqlalchemy.orm import Session
+
+import api.deps
 from api.cache import GenerationCache
 from api.db import Database
-from api.security import list_tokens, revoke_token
-from api.store.generation import GenerationReader, mark_changed
+from api.security import Principal, authenticate, list_tokens, revoke_token
+from api.store.generation import DirectReader, mark_changed
 from api.store.profiles import add_profile
 from tests.api.conftest import make_token
 from tests.api.documents import sample_profile
@@ -61,16 +67,16 @@ def test_an_oom_report_lowers_the_cached_answer_at_once(http: httpx.Client, data
 
 
 def test_one_transaction_raises_the_generation_once(database: Database) -> None:
-    reader = GenerationReader(database.engine)
+    reader = DirectReader(database.engine)
     try:
-        before = reader.read()
+        before = reader.generation()
         with database.session(write=True) as session:
             mark_changed(session)
             mark_changed(session)
-        assert reader.read() == before + 1
+        assert reader.generation() == before + 1
         with database.session(write=True):
             pass  # a write session that changed nothing leaves it alone
-        assert reader.read() == before + 1
+        assert reader.generation() == before + 1
     finally:
         reader.close()
 
@@ -85,3 +91,47 @@ def test_generation_cache_answers_only_for_its_generation_and_stays_bounded() ->
     cache.put("c", 1, "C")
     assert (cache.get("a", 1), cache.get("b", 1), cache.get("c", 1)) == ("A", None, "C")
     assert len(cache) == 2
+
+
+def test_one_question_spelled_two_ways_gets_one_answer_whose_age_moves(
+    http: httpx.Client, database: Database
+) -> None:
+    with database.session(write=True) as session:
+        add_profile(session, sample_profile(max_micro_batch_size=8))
+    url = "/api/v1/recommendation"
+    first = http.get(f"{url}?workload={'w' * 24}&device={'d' * 24}&global_batch_size=64").json()
+    time.sleep(0.05)
+    second = http.get(f"{url}?global_batch_size=64&device={'d' * 24}&workload={'w' * 24}").json()
+    time.sleep(0.05)
+    cached = http.get(f"{url}?workload={'w' * 24}&device={'d' * 24}&global_batch_size=64").json()
+    ages = [answer.pop("profile_age_s") for answer in (first, second, cached)]
+    assert first == second == cached
+    assert ages[0] < ages[1] < ages[2]  # the one moving part, even from the cache
+
+
+def test_after_a_write_concurrent_requests_check_their_token_once(
+    service, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write voids every cached token check; fifty requests arriving together then
+    share one check instead of making fifty (each in a thread, each touching the token)."""
+    token = make_token(database, "read", name="busy")
+    checks: list[str] = []
+
+    def counted(session: Session, presented: str) -> tuple[Principal, bool]:
+        checks.append(presented)
+        time.sleep(0.2)  # long enough for every request below to arrive meanwhile
+        return authenticate(session, presented)
+
+    monkeypatch.setattr(api.deps, "authenticate", counted)
+    headers = {"Authorization": f"Bearer {token}"}
+    with database.session(write=True) as session:
+        mark_changed(session)
+
+    def ask(_: int) -> int:
+        with httpx.Client(base_url=service.url, headers=headers, timeout=30) as client:
+            return client.get("/api/v1/profiles").status_code
+
+    with ThreadPoolExecutor(max_workers=25) as pool:
+        statuses = list(pool.map(ask, range(25)))
+    assert statuses == [200] * 25
+    assert len(checks) == 1

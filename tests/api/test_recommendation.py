@@ -247,3 +247,19 @@ def test_a_name_shared_by_several_devices_asks_for_a_key(http: httpx.Client) -> 
     assert "pass the key" in error["message"]
     answer = _ok(recommendation(http, device="k2" * 12, global_batch_size=8))
     assert answer["capacity_bytes"] == 300 * MiB
+
+
+def test_openapi_documents_the_questions_parameters(http: httpx.Client) -> None:
+    """The route reads its query itself (for speed); the schema must still say what it takes."""
+    operation = http.get("/openapi.json").json()["paths"]["/api/v1/recommendation"]["get"]
+    parameters = {p["name"]: p for p in operation["parameters"]}
+    assert set(parameters) == {"workload", "device", "global_batch_size", "world_size", "policy"}
+    assert all(p["in"] == "query" for p in parameters.values())
+    assert [name for name, p in parameters.items() if p["required"]] == [
+        "workload",
+        "device",
+        "global_batch_size",
+    ]
+    assert parameters["policy"]["schema"]["enum"] == ["max", "even", "throughput"]
+    assert parameters["global_batch_size"]["schema"]["minimum"] == 1
+    assert set(operation["responses"]) == {"200", "422"}
