@@ -23,6 +23,9 @@ class ServiceSettings(BaseSettings):
     public_reads: bool = Field(default=False, description="answer GET requests without a token")
     host: str = "127.0.0.1"
     port: int = 8000
+    workers: int = Field(
+        default=1, ge=1, le=64, description="server processes; one per core is a good start"
+    )
     max_body_bytes: int = 1024 * 1024
     lease_seconds: float = Field(default=60.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)

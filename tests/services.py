@@ -14,12 +14,14 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
@@ -138,3 +140,36 @@ class ServerThread:
     def __exit__(self, *exc_info: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def tuner_serve(database_url: str, *arguments: str) -> Iterator[str]:
+    """`tuner serve` in its own process(es), as deployed; yield its base URL. Anything the
+    server logs on the way (a traceback, "database is locked") fails the test."""
+    port = free_port()
+    command = [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port), *arguments]
+    server = subprocess.Popen(
+        [*command, "--database-url", database_url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                assert server.stderr is not None
+                raise RuntimeError(f"tuner serve did not start: {server.stderr.read()}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        server.terminate()
+        _, errors = server.communicate(timeout=30)
+        assert "Traceback" not in errors, errors
+        assert "locked" not in errors, errors

@@ -6,8 +6,6 @@ or "database is locked"."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -20,7 +18,7 @@ import pytest
 
 from tests.api.builders import at, upload
 from tests.api.documents import sample_profile
-from tests.services import free_port
+from tests.services import tuner_serve
 
 WRITERS = 8
 PROFILES_EACH = 500
@@ -34,33 +32,8 @@ DEVICES = [(f"{c}" * 24, f"device-{c}") for c in "xy"]
 def served(migrated_url: str) -> Iterator[str]:
     """`tuner serve` in its own process, as deployed: the test's client threads then do
     not share an interpreter lock with the server."""
-    port = free_port()
-    command = [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port)]
-    server = subprocess.Popen(
-        [*command, "--database-url", migrated_url],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"tuner serve did not start: {server.stderr.read()}")
-            time.sleep(0.1)
+    with tuner_serve(migrated_url) as url:
         yield url
-    finally:
-        server.terminate()
-        _, errors = server.communicate(timeout=30)
-        # Anything the server logged (a traceback, "database is locked") is a failure.
-        assert "Traceback" not in errors, errors
-        assert "locked" not in errors, errors
 
 
 def _profile_document(writer: int, index: int) -> dict[str, Any]:

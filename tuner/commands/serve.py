@@ -1,13 +1,18 @@
-"""``tuner serve``: the recommendation service under uvicorn."""
+"""``tuner serve``: the recommendation service under uvicorn, in one or more processes."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import gc
+import os
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from tuner.commands._args import EXIT_OK, positive_int
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 
 def add_parser(commands: Any) -> None:
@@ -20,13 +25,33 @@ def add_parser(commands: Any) -> None:
     serve.add_argument(
         "--public-reads", action="store_true", default=None, help="answer GETs without a token"
     )
+    serve.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        help="server processes, sharing the port (default: TUNER_WORKERS, else 1); cached "
+        "answers stay exact across them",
+    )
+
+
+def serving_app() -> FastAPI:
+    """The app of one server process, built from the TUNER_ environment."""
+    from api.main import create_app
+
+    app = create_app()
+    # A full garbage collection walks every tracked object, and most of them are the
+    # imported libraries, alive as long as the process: 50-70 ms pauses that set the p99
+    # under load. Frozen after start-up, collections walk only what requests leave behind.
+    gc.collect()
+    gc.freeze()
+    return app
 
 
 def run(args: argparse.Namespace, stderr: Console) -> int:
     import uvicorn
 
     from api.config import ServiceSettings
-    from api.main import create_app
+    from api.main import prepare_database
 
     overrides = {
         name: value
@@ -35,15 +60,28 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
             ("port", args.port),
             ("database_url", args.database_url),
             ("public_reads", args.public_reads),
+            ("workers", args.workers),
         )
         if value is not None
     }
     settings = ServiceSettings(**overrides)
-    app = create_app(settings)
+    # Each process builds its app from the environment, so the command line goes there.
+    for name, value in overrides.items():
+        os.environ[f"TUNER_{name.upper()}"] = str(value)
+    prepare_database(settings)  # once, before the processes start
+    processes = f", {settings.workers} processes" if settings.workers > 1 else ""
     stderr.print(
         f"serving on http://{settings.host}:{settings.port} "
-        f"({'public reads' if settings.public_reads else 'reads need a token'})",
+        f"({'public reads' if settings.public_reads else 'reads need a token'}{processes})",
         highlight=False,
     )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    uvicorn.run(
+        "tuner.commands.serve:serving_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers if settings.workers > 1 else None,
+        log_level="warning",
+        access_log=False,
+    )
     return EXIT_OK
