@@ -46,11 +46,26 @@ def presented_token(request: Request) -> str | None:
     """The bearer token from the Authorization header, or from the dashboard's cookie."""
     header = request.headers.get("authorization")
     if header:
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() != "bearer" or not value.strip():
-            raise AuthenticationError("use the header `Authorization: Bearer <token>`")
-        return value.strip()
+        return bearer_token(header)
     return request.cookies.get(TOKEN_COOKIE)
+
+
+def bearer_token(header: str) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header's value."""
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise AuthenticationError("use the header `Authorization: Bearer <token>`")
+    return value.strip()
+
+
+def known_principal(state: Any, token: str, generation: int) -> Principal | None:
+    """Who ``token`` is, if checked since the store last changed and its use was recorded
+    recently enough; ``None`` means the store must be asked."""
+    cache: GenerationCache[tuple[Principal, float]] = state.principals
+    entry = cache.get(digest(token), generation)
+    if entry is not None and time.monotonic() - entry[1] < TOUCH_INTERVAL.total_seconds():
+        return entry[0]
+    return None
 
 
 def current_generation(request: Request) -> int:
@@ -68,11 +83,12 @@ async def _principal(request: Request, token: str) -> Principal:
     A revocation raises the generation, so a revoked token is refused from the next
     request on, in every process.
     """
+    generation = current_generation(request)
+    known = known_principal(request.app.state, token, generation)
+    if known is not None:
+        return known
     cache: GenerationCache[tuple[Principal, float]] = request.app.state.principals
-    key, generation = digest(token), current_generation(request)
-    entry = cache.get(key, generation)
-    if entry is not None and time.monotonic() - entry[1] < TOUCH_INTERVAL.total_seconds():
-        return entry[0]
+    key = digest(token)
     checks: SingleFlight[Principal] = request.app.state.principal_checks
     db: Database = request.app.state.db
 

@@ -71,6 +71,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.state.recommendations = GenerationCache()
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(recommendation.CachedAnswers, path=f"{API_PREFIX}/recommendation")
     # Routes are matched in order: the question every training job asks comes first.
     app.include_router(recommendation.router, prefix=API_PREFIX)
     app.include_router(health.router)

@@ -135,3 +135,24 @@ def test_after_a_write_concurrent_requests_check_their_token_once(
         statuses = list(pool.map(ask, range(25)))
     assert statuses == [200] * 25
     assert len(checks) == 1
+
+
+def test_a_cached_answer_still_needs_a_valid_token(service, database: Database) -> None:
+    """Cached answers are sent before the route runs; the token is checked all the same."""
+    with database.session(write=True) as session:
+        add_profile(session, sample_profile(max_micro_batch_size=8))
+    reader = make_token(database, "read", name="reader")
+    url = service.url + "/api/v1/recommendation"
+
+    def ask(token: str | None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.get(url, params=QUESTION, headers=headers, timeout=10)
+
+    assert ask(reader).status_code == 200
+    assert ask(reader).status_code == 200  # now cached, token check too
+    assert ask(None).status_code == 401
+    assert ask("mbt_" + "0" * 43).status_code == 401
+    with database.session(write=True) as session:
+        token_id = next(t.id for t in list_tokens(session) if t.name == "reader")
+        revoke_token(session, token_id)
+    assert ask(reader).status_code == 401
