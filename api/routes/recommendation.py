@@ -24,7 +24,7 @@ router = APIRouter(prefix="/recommendation", tags=["recommendation"])
 class Answer(NamedTuple):
     """An answer ready to send: its JSON but for the age, the one part that moves.
 
-    A tuple of bytes and a datetime, which the garbage collector stops tracking: tens of
+    A tuple of bytes and a float, which the garbage collector stops tracking: tens of
     thousands of cached answers add nothing to the time of a full collection.
     """
 
