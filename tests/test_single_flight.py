@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import pytest
 
 from api.cache import SingleFlight
+
+T = TypeVar("T")
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``asyncio.run`` on a thread of its own: the browser tests' session-wide Playwright
+    keeps an event loop running on the main thread."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(scenario())).result()
 
 
 def test_concurrent_callers_share_one_computation_and_later_ones_compute_again() -> None:
@@ -24,7 +36,7 @@ def test_concurrent_callers_share_one_computation_and_later_ones_compute_again()
         later = await flight.run("k", compute)
         return list(shared), list(other), later
 
-    shared, other, later = asyncio.run(scenario())
+    shared, other, later = run(scenario)
     assert shared == [1] * 20  # twenty callers, one computation
     assert other == [2]  # another key is its own computation
     assert later == 3  # once finished, the key is computed afresh
@@ -42,7 +54,7 @@ def test_an_error_reaches_every_caller() -> None:
             *(flight.run("k", fail) for _ in range(5)), return_exceptions=True
         )
 
-    outcomes = asyncio.run(scenario())
+    outcomes = run(scenario)
     assert len(outcomes) == 5
     assert all(isinstance(outcome, LookupError) for outcome in outcomes)
 
@@ -63,4 +75,4 @@ def test_a_caller_that_goes_away_does_not_cancel_the_others() -> None:
             await leaving
         return await staying
 
-    assert asyncio.run(scenario()) == 7
+    assert run(scenario) == 7
