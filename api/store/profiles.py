@@ -30,60 +30,52 @@ from tuner.errors import BadInputError, ConflictError, NotFoundError
 _LISTED = 5
 
 
-def _insert_if_missing(
-    session: Session, table: type[models.Device] | type[models.Workload], values: dict[str, Any]
-) -> None:
-    """``INSERT ... ON CONFLICT (key) DO NOTHING``: a concurrent first insert of the same key
-    makes this a no-op (PostgreSQL waits for it to commit) instead of an integrity error."""
+Keyed = TypeVar("Keyed", models.Device, models.Workload)
+
+
+def _get_or_insert(session: Session, table: type[Keyed], key: str, values: dict[str, Any]) -> Keyed:
+    """The row with ``key``, inserted with ``values`` first if missing.
+
+    ``INSERT ... ON CONFLICT (key) DO NOTHING``: a concurrent first insert of the same key
+    makes this a no-op (PostgreSQL waits for it to commit) instead of an integrity error.
+    """
+    by_key = select(table).where(table.key == key)
+    row = session.scalar(by_key)
+    if row is not None:
+        return row
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    values = {"key": key, "created_at": models.utcnow(), **values}
     result = session.execute(
         insert(table).values(**values).on_conflict_do_nothing(index_elements=["key"])
     )
     if result.rowcount:  # type: ignore[attr-defined]
         mark_changed(session)  # a new name to resolve, a new device to estimate for
+    return session.scalars(by_key).one()
 
 
 def upsert_device(session: Session, key: str, info: results.DeviceInfo) -> models.Device:
     """The device with ``key``, created from ``info`` if new (a key names its properties)."""
-    device = session.scalar(select(models.Device).where(models.Device.key == key))
-    if device is None:
-        _insert_if_missing(
-            session,
-            models.Device,
-            {
-                "key": key,
-                "kind": info.kind,
-                "name": info.name,
-                "capacity_bytes": info.capacity_bytes,
-                "details": dict(info.details),
-                "created_at": models.utcnow(),
-            },
-        )
-        device = session.scalars(select(models.Device).where(models.Device.key == key)).one()
-    return device
+    values = {
+        "kind": info.kind,
+        "name": info.name,
+        "capacity_bytes": info.capacity_bytes,
+        "details": dict(info.details),
+    }
+    return _get_or_insert(session, models.Device, key, values)
 
 
 def upsert_workload(session: Session, key: str, info: results.WorkloadInfo) -> models.Workload:
     """The workload with ``key``, created from ``info`` if new."""
-    workload = session.scalar(select(models.Workload).where(models.Workload.key == key))
-    if workload is None:
-        _insert_if_missing(
-            session,
-            models.Workload,
-            {
-                "key": key,
-                "name": info.name,
-                "target": info.target,
-                "precision": info.precision,
-                "activation_checkpointing": info.activation_checkpointing,
-                "parameter_count": info.parameter_count,
-                "optimizer": info.optimizer,
-                "created_at": models.utcnow(),
-            },
-        )
-        workload = session.scalars(select(models.Workload).where(models.Workload.key == key)).one()
-    return workload
+    values = {
+        "name": info.name,
+        "target": info.target,
+        "precision": info.precision,
+        "activation_checkpointing": info.activation_checkpointing,
+        "parameter_count": info.parameter_count,
+        "optimizer": info.optimizer,
+    }
+    return _get_or_insert(session, models.Workload, key, values)
 
 
 def create_device(session: Session, body: DeviceCreate) -> tuple[models.Device, bool]:
