@@ -45,9 +45,13 @@ def prepare_database(settings: ServiceSettings) -> None:
         )
 
 
-def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+def create_app(settings: ServiceSettings | None = None, *, prepare: bool = True) -> FastAPI:
+    """The service over ``settings`` (default: the TUNER_ environment). ``prepare=False``
+    when the caller has run :func:`prepare_database` already, as ``tuner serve`` does
+    once before it starts its processes."""
     settings = settings or ServiceSettings()
-    prepare_database(settings)
+    if prepare:
+        prepare_database(settings)
     database = Database(settings.database_url)
 
     @asynccontextmanager

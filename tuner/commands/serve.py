@@ -35,10 +35,11 @@ def add_parser(commands: Any) -> None:
 
 
 def serving_app() -> FastAPI:
-    """The app of one server process, built from the TUNER_ environment."""
+    """The app of one server process, built from the TUNER_ environment that :func:`run`
+    set, after it prepared the database."""
     from api.main import create_app
 
-    app = create_app()
+    app = create_app(prepare=False)
     # A full garbage collection walks every tracked object, and most of them are the
     # imported libraries, alive as long as the process: 50-70 ms pauses that set the p99
     # under load. Frozen after start-up, collections walk only what requests leave behind.
