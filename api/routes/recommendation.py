@@ -115,14 +115,16 @@ class CachedAnswers:
 
     def _cached(self, scope: Scope) -> bytes | None:
         state = scope["app"].state
+        # The first of each header, as the route reads them.
         authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        if authorization is None:
+            has_cookie = any(k == b"cookie" for k, _ in scope["headers"])
+            if has_cookie or not state.settings.public_reads:
+                return None  # the route reads the dashboard's cookie, or says what is missing
         try:
             generation = state.reader.generation()
             scope.setdefault("state", {})["generation"] = generation  # the route's, if it goes on
-            if authorization is None:
-                if not state.settings.public_reads:
-                    return None  # the route says what is missing (or reads the cookie)
-            else:
+            if authorization is not None:
                 token = bearer_token(authorization.decode("latin-1"))
                 principal = known_principal(state, token, generation)
                 if principal is None or not principal.allows("read"):

@@ -400,6 +400,10 @@ def test_public_reads_answer_gets_without_a_token_but_never_writes(
         assert answer.status_code == 200
         document = sample_profile(max_micro_batch_size=3).model_dump(mode="json")
         error_of(anonymous.post("/api/v1/profiles", json=document), 401)
+        # The answer is cached now; a dashboard cookie with a bad token is still checked.
+        anonymous.cookies.set("tuner_token", "mbt_" + "0" * 43)
+        refused = anonymous.get("/api/v1/recommendation", params=answer.request.url.params)
+        error_of(refused, 401)
 
 
 def test_the_openapi_document_lists_every_resource(http: httpx.Client) -> None:
