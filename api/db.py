@@ -18,7 +18,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.store.generation import bump_if_changed
-from tuner.errors import BadInputError
+from tuner.core.errors import BadInputError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 

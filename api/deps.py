@@ -21,7 +21,7 @@ from api.security import (
     require_scope,
     touch_token,
 )
-from tuner.errors import AuthenticationError
+from tuner.core.errors import AuthenticationError
 
 TOKEN_COOKIE = "tuner_token"
 

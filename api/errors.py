@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tuner.errors import TunerError
+from tuner.core.errors import TunerError
 
 STATUS_BY_CODE = {
     "bad_input": 422,

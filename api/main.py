@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from api import migrate
 from api.cache import GenerationCache, SingleFlight
 from api.config import ServiceSettings
+from api.dashboard.routes import install as install_dashboard
 from api.db import Database
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
@@ -23,10 +24,9 @@ from api.routes import (
     workers,
     workloads,
 )
-from api.routes.dashboard import install as install_dashboard
 from api.store.generation import DirectReader
-from tuner import __version__
-from tuner.errors import BadInputError
+from tuner.core import __version__
+from tuner.core.errors import BadInputError
 
 API_PREFIX = "/api/v1"
 

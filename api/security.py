@@ -18,7 +18,12 @@ from sqlalchemy.orm import Session
 
 from api.models import ApiToken, utcnow
 from api.store.generation import mark_changed
-from tuner.errors import AuthenticationError, BadInputError, NotFoundError, PermissionDeniedError
+from tuner.core.errors import (
+    AuthenticationError,
+    BadInputError,
+    NotFoundError,
+    PermissionDeniedError,
+)
 
 TOKEN_PREFIX = "mbt_"
 SCOPES = ("read", "write", "worker", "admin")

@@ -26,9 +26,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine_line, markdown_table, write_section
-from tuner.accumulate import Accumulator
-from tuner.batching import Batch, batch_size_of, slice_batch
-from tuner.workload import Workload, load_workload
+from tuner.engine.batching import Batch, batch_size_of, slice_batch
+from tuner.engine.workload import Workload, load_workload
+from tuner.train.accumulate import Accumulator
 
 
 @dataclass(frozen=True)

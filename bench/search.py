@@ -30,12 +30,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine_line, markdown_table, write_section
-from tuner.backends import CpuBackend
-from tuner.probe import Prober
-from tuner.results import ProbeResult
-from tuner.search import STRATEGIES, SearchOutcome
-from tuner.search.baselines import BASELINES
-from tuner.workload import load_workload
+from tuner.core.results import ProbeResult
+from tuner.engine.backends import CpuBackend
+from tuner.engine.probe import Prober
+from tuner.engine.search import STRATEGIES, SearchOutcome
+from tuner.engine.search.baselines import BASELINES
+from tuner.engine.workload import load_workload
 
 HEADROOM = 0.05
 SIZE_CAP = 4096

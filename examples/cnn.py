@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tuner.workload import Precision, Workload
+from tuner.engine.workload import Precision, Workload
 
 
 def _block(channels_in: int, channels_out: int) -> nn.Sequential:

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from tuner.workload import Precision, Workload
+from tuner.engine.workload import Precision, Workload
 
 IGNORE_INDEX = -100
 

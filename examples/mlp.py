@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tuner.workload import OptimizerFactory, Precision, Workload
+from tuner.engine.workload import OptimizerFactory, Precision, Workload
 
 
 def workload(

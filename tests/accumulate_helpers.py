@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import nn
 
-from tuner.workload import Workload, load_workload
+from tuner.engine.workload import Workload, load_workload
 
 
 def mlp(**options: object) -> Workload:

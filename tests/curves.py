@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tuner.results import MemoryBreakdown, ProbeResult
+from tuner.core.results import MemoryBreakdown, ProbeResult
 
 
 @dataclass

@@ -11,7 +11,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from tests.accumulate_helpers import tiny_gpt
-from tuner.accumulate import Accumulator
+from tuner.train.accumulate import Accumulator
 
 GLOBAL_BATCH = 12
 STEPS = 2

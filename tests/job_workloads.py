@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tuner.workload import Workload
+from tuner.engine.workload import Workload
 
 FEATURES = 8
 CLASSES = 4

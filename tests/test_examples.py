@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from examples.gpt import IGNORE_INDEX, TinyGpt
-from tuner.workload import load_workload
+from tuner.engine.workload import load_workload
 
 
 def test_gpt_batches_are_padded_to_the_worst_case_and_count_real_tokens() -> None:

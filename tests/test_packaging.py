@@ -28,7 +28,7 @@ def test_the_server_extra_installs_without_torch_and_serves(tmp_path: Path) -> N
         check=True,
         capture_output=True,
     )
-    check = "import sys, api.main, tuner.plan, tuner.client; assert 'torch' not in sys.modules"
+    check = "import sys, api.main, tuner.core.plan, tuner.client; assert 'torch' not in sys.modules"
     subprocess.run([str(python), "-c", check], check=True, cwd=tmp_path)
     listed = subprocess.run(
         [str(python), "-m", "pip", "list"], check=True, capture_output=True, text=True

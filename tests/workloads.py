@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from tuner.workload import OptimizerFactory, Precision, Workload
+from tuner.engine.workload import OptimizerFactory, Precision, Workload
 
 FEATURES = 8
 CLASSES = 4

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from sqlalchemy import text
 
 from api.deps import DatabaseDep
-from tuner import __version__
+from tuner.core import __version__
 
 router = APIRouter(tags=["health"])
 

@@ -17,13 +17,13 @@ from api.schemas.common import (
     Text16,
     Text200,
 )
-from tuner import results
+from tuner.core import results
 
 DetailValue = LongText | int | FiniteFloat | None
 
 
 class DeviceInfoCreate(results.DeviceInfo):
-    """``tuner.results.DeviceInfo`` bounded to what the store keeps."""
+    """``tuner.core.results.DeviceInfo`` bounded to what the store keeps."""
 
     kind: Text16 = Field(min_length=1)
     name: Name

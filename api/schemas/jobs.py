@@ -26,8 +26,8 @@ from api.schemas.common import (
     RequestModel,
 )
 from api.schemas.profiles import ProfileCreate
-from tuner.errors import BadInputError
-from tuner.units import parse_bytes
+from tuner.core.errors import BadInputError
+from tuner.core.units import parse_bytes
 
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
 

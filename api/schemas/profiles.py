@@ -1,4 +1,4 @@
-"""Profiles: ``ProfileCreate`` is ``tuner.results.Profile`` (what ``tuner profile --json``
+"""Profiles: ``ProfileCreate`` is ``tuner.core.results.Profile`` (what ``tuner profile --json``
 prints, less the recommendation keys it adds), with every value bounded to what the store
 keeps. ``ProfilePublic`` adds the ids; list pages carry ``ProfileSummary`` (no probes)."""
 
@@ -28,7 +28,7 @@ from api.schemas.common import (
 )
 from api.schemas.devices import DeviceInfoCreate
 from api.schemas.workloads import WorkloadInfoCreate
-from tuner import results
+from tuner.core import results
 
 SignedInt64 = Annotated[int, Field(ge=-INT64_MAX, le=INT64_MAX)]
 
@@ -43,7 +43,7 @@ class MemoryBreakdownCreate(results.MemoryBreakdown):
 
 
 class ProbeCreate(results.ProbeResult):
-    """``tuner.results.ProbeResult``, whose JSON may carry the derived ``peak_bytes``."""
+    """``tuner.core.results.ProbeResult``, whose JSON may carry the derived ``peak_bytes``."""
 
     micro_batch_size: PositiveInt32
     peak_allocated_bytes: Int64 | None = None

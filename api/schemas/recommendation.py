@@ -1,4 +1,4 @@
-"""The recommendation: ``tuner.plan.Recommendation`` and where its numbers came from."""
+"""The recommendation: ``tuner.core.plan.Recommendation`` and where its numbers came from."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from datetime import datetime
 from pydantic import Field, ValidationInfo, field_validator
 
 from api.schemas.common import Reference, RequestModel
-from tuner import plan
-from tuner.errors import BadInputError
+from tuner.core import plan
+from tuner.core.errors import BadInputError
 
 # One step's split lists every micro batch, so the batch bounds the size of the answer.
 MAX_GLOBAL_BATCH_SIZE = 2**20

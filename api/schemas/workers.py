@@ -12,7 +12,7 @@ from api.schemas.devices import DeviceInfoCreate
 
 class WorkerCreate(RequestModel):
     name: Name = Field(examples=["gpu-host-3"])
-    device_key: Key = Field(description="the device key tuner.fingerprint computed there")
+    device_key: Key = Field(description="the device key tuner.engine.fingerprint computed there")
     device: DeviceInfoCreate
 
 

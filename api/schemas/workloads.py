@@ -7,11 +7,11 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.schemas.common import Int64, Key, Name, Page, PageQuery, Text8, Text100, Text500
-from tuner import results
+from tuner.core import results
 
 
 class WorkloadInfoCreate(results.WorkloadInfo):
-    """``tuner.results.WorkloadInfo`` bounded to what the store keeps."""
+    """``tuner.core.results.WorkloadInfo`` bounded to what the store keeps."""
 
     name: Name
     target: Text500 | None = None

@@ -27,8 +27,8 @@ from api.schemas.jobs import JobCreate, JobQuery
 from api.schemas.workers import WorkerCreate
 from api.store.paging import keyset_page
 from api.store.profiles import add_profile, upsert_device
-from tuner import results
-from tuner.errors import BadInputError, ConflictError, NotFoundError
+from tuner.core import results
+from tuner.core.errors import BadInputError, ConflictError, NotFoundError
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from api.schemas.profiles import ProfilePublic, ProfileQuery, ProfileSummary
 from api.schemas.workloads import WorkloadCreate
 from api.store.generation import mark_changed
 from api.store.paging import keyset_page
-from tuner import results
-from tuner.errors import BadInputError, ConflictError, NotFoundError
+from tuner.core import results
+from tuner.core.errors import BadInputError, ConflictError, NotFoundError
 
 # How many candidates an ambiguous name lists in its error message.
 _LISTED = 5

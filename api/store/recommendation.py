@@ -33,8 +33,8 @@ from api.store.profiles import (
     find_device,
     find_workload,
 )
-from tuner import plan, results
-from tuner.errors import NotFoundError
+from tuner.core import plan, results
+from tuner.core.errors import NotFoundError
 
 _P, _D, _W = models.Profile, models.Device, models.Workload
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from tests.api.documents import sample_probe, sample_profile
-from tuner.results import Profile
+from tuner.core.results import Profile
 
 BASE_TIME = datetime(2026, 11, 1, tzinfo=UTC)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from tuner.results import (
+from tuner.core.results import (
     AffineFit,
     DeviceInfo,
     MemoryBreakdown,

@@ -14,7 +14,7 @@ from api.config import ServiceSettings
 from api.main import create_app
 from tests.api.documents import sample_profile
 from tests.services import ServerThread
-from tuner.results import Profile
+from tuner.core.results import Profile
 
 DEVICE_KEY = "d" * 24
 DEVICE_NAME = "cpu-test"

@@ -16,7 +16,7 @@ from tests.api.conftest import make_token
 from tests.api.documents import sample_profile
 from tests.services import ServerThread
 from tuner.client import TunerClient
-from tuner.errors import (
+from tuner.core.errors import (
     AuthenticationError,
     BadInputError,
     NotFoundError,
@@ -24,7 +24,7 @@ from tuner.errors import (
     PermissionDeniedError,
     ServiceUnavailableError,
 )
-from tuner.results import Profile
+from tuner.core.results import Profile
 
 
 @pytest.fixture

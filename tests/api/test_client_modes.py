@@ -23,7 +23,7 @@ from tests.api.jobs_helpers import DEVICE_KEY, DEVICE_NAME, TARGET
 from tests.helpers import run_python
 from tests.services import ServerThread
 from tuner.client import TunerClient
-from tuner.errors import BadInputError, NotFoundError, NothingFitsError, TunerError
+from tuner.core.errors import BadInputError, NotFoundError, NothingFitsError, TunerError
 
 MODES = ["http", "embedded"]
 
@@ -227,7 +227,7 @@ def test_embedded_mode_without_the_server_extra_says_how_to_install_it(tmp_path:
         "import sys\n"
         "sys.modules['sqlalchemy'] = None\n"
         "from tuner.client import TunerClient\n"
-        "from tuner.errors import BadInputError\n"
+        "from tuner.core.errors import BadInputError\n"
         "try:\n"
         f"    TunerClient('sqlite:///{tmp_path}/t.db')\n"
         "except BadInputError as exc:\n"

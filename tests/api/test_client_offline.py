@@ -30,13 +30,13 @@ from tuner.client import (
     TunerClientWarning,
     TunerOfflineWarning,
 )
-from tuner.errors import (
+from tuner.core.errors import (
     AuthenticationError,
     BadInputError,
     ServiceUnavailableError,
     TunerError,
 )
-from tuner.plan import Recommendation
+from tuner.core.plan import Recommendation
 
 QUESTION: dict[str, Any] = {"workload": "gpt-test", "device": "cpu-test", "global_batch_size": 40}
 # Small timeouts and retries: an outage must cost a training job little time.

@@ -22,21 +22,21 @@ from api.schemas.recommendation import RecommendationPublic
 from tests.api.conftest import make_token
 from tests.api.documents import sample_profile
 from tests.services import ServerThread, free_port
-from tuner import training
-from tuner.accumulate import Accumulator
-from tuner.backends import CpuBackend, iter_tensors, make_backend
-from tuner.batching import batch_tensors
 from tuner.client import OfflineRecommendation, TunerClient, TunerOfflineWarning
-from tuner.errors import (
+from tuner.core.errors import (
     BadInputError,
     NotFoundError,
     NothingFitsError,
     ServiceUnavailableError,
 )
-from tuner.fingerprint import device_key, workload_key
-from tuner.training import plan_training
-from tuner.worker import DeviceIdentity, Worker
-from tuner.workload import Workload, load_workload
+from tuner.engine.backends import CpuBackend, iter_tensors, make_backend
+from tuner.engine.batching import batch_tensors
+from tuner.engine.fingerprint import device_key, workload_key
+from tuner.engine.workload import Workload, load_workload
+from tuner.train import planning as training
+from tuner.train.accumulate import Accumulator
+from tuner.train.planning import plan_training
+from tuner.worker.loop import DeviceIdentity, Worker
 
 TARGET = "examples.mlp:workload"
 OPTIONS: dict[str, Any] = {"in_features": 32, "hidden": 64, "layers": 2}

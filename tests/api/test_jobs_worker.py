@@ -21,9 +21,9 @@ from api.db import Database
 from api.store.profiles import to_result
 from tests.api.conftest import make_token
 from tests.api.jobs_helpers import api_client, get_job, job_service, queue, wait_for
-from tuner.backends import make_backend
-from tuner.fingerprint import device_key
-from tuner.worker import DeviceIdentity, Worker
+from tuner.engine.backends import make_backend
+from tuner.engine.fingerprint import device_key
+from tuner.worker.loop import DeviceIdentity, Worker
 
 REPO = Path(__file__).resolve().parents[2]
 MEMORY_LIMIT = 64 * 2**20

@@ -8,14 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.api.documents import MiB, sample_probe
-from tuner.errors import BadInputError, NothingFitsError
-from tuner.plan import (
+from tuner.core.errors import BadInputError, NothingFitsError
+from tuner.core.plan import (
     below_oom,
     estimate_max_micro_batch,
     recommend_estimated,
     recommend_measured,
 )
-from tuner.results import AffineFit
+from tuner.core.results import AffineFit
 
 FIT = AffineFit(fixed_bytes=100 * MiB, bytes_per_sample=10 * MiB, points=3)
 

@@ -15,7 +15,7 @@ from tests.api.builders import profile_with_speeds, upload
 from tests.api.documents import MiB, sample_profile
 from tests.services import ServerThread
 from tuner.cli import main
-from tuner.plan import recommend
+from tuner.core.plan import recommend
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNER = str(ROOT / ".venv" / "bin" / "tuner")

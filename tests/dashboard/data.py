@@ -11,7 +11,7 @@ import httpx
 from api.db import Database
 from api.store.profiles import add_profile
 from tests.api.documents import MiB, sample_probe, sample_profile
-from tuner.results import (
+from tuner.core.results import (
     AffineFit,
     DeviceInfo,
     MemoryBreakdown,

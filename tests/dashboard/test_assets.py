@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api import dashboard_vendor
-from api.dashboard_format import fmt_ago, fmt_bytes, fmt_percent, fmt_rate, fmt_seconds
-from api.dashboard_web import CONTENT_SECURITY_POLICY, STATIC, TEMPLATES, safe_next, stack
+from api.dashboard import vendor as dashboard_vendor
+from api.dashboard.format import fmt_ago, fmt_bytes, fmt_percent, fmt_rate, fmt_seconds
+from api.dashboard.web import CONTENT_SECURITY_POLICY, STATIC, TEMPLATES, safe_next, stack
 from tests.services import ServerThread
 
 VENDOR = STATIC / "vendor"

@@ -11,13 +11,13 @@ import httpx
 import pytest
 from playwright.sync_api import Page
 
-from api.dashboard_format import fmt_bytes
+from api.dashboard.format import fmt_bytes
 from api.db import Database
 from tests.api.documents import sample_profile
 from tests.dashboard.conftest import Tab, signed_in
 from tests.dashboard.data import T0, cuda_profile, nothing_fits_profile, store
 from tests.services import ServerThread
-from tuner.results import Profile
+from tuner.core.results import Profile
 
 
 def chart(page: Page, name: str) -> dict[str, Any]:

@@ -1,0 +1,737 @@
+"""Read-only queries behind the dashboard's pages.
+
+Each page costs a fixed handful of statements whatever it shows: the profile list is one
+statement for its rows (M*, the footprint and speed at M*, whether a newer profile of the
+pair exists and the smallest OOM reported since are correlated subqueries, each one
+index lookup), one count and two for the filter menus. Nothing loads lazily per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy import ColumnElement, and_, exists, func, select
+from sqlalchemy.orm import Session, aliased
+
+from api import models
+from api.schemas.profiles import ProfilePublic
+from api.store.profiles import fit_of, get_profile, get_workload, to_public
+from api.store.recommendation import newest_fit
+from tuner.core import plan
+from tuner.core.errors import BadInputError
+from tuner.core.results import AffineFit, ProbeResult
+
+SortKey = Literal["created", "mstar", "headroom", "workload", "device"]
+SORT_KEYS: tuple[SortKey, ...] = ("created", "mstar", "headroom", "workload", "device")
+PAGE_SIZES = (25, 50, 100, 200)
+DEFAULT_PAGE_SIZE = 50
+
+
+# The profile list
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """What the profile list shows: filters by id, one sort key, one page."""
+
+    workload_id: int | None = None
+    device_id: int | None = None
+    latest_only: bool = False
+    sort: SortKey = "created"
+    descending: bool = True
+    page: int = 1
+    size: int = DEFAULT_PAGE_SIZE
+
+    @property
+    def filtered(self) -> bool:
+        return self.workload_id is not None or self.device_id is not None or self.latest_only
+
+    def params(self, **changes: Any) -> dict[str, str]:
+        """The query string of this view with ``changes``; defaults are left out."""
+        values = {
+            "workload": self.workload_id,
+            "device": self.device_id,
+            "latest": 1 if self.latest_only else None,
+            "sort": self.sort,
+            "order": "desc" if self.descending else "asc",
+            "page": self.page,
+            "size": self.size,
+        }
+        values.update(changes)
+        defaults = {"sort": "created", "order": "desc", "page": 1, "size": DEFAULT_PAGE_SIZE}
+        return {
+            name: str(value)
+            for name, value in values.items()
+            if value is not None and defaults.get(name) != value
+        }
+
+
+@dataclass(frozen=True)
+class Status:
+    code: str
+    label: str
+    tone: Literal["ok", "muted", "bad", "warn", "info"]
+    hint: str
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    id: int
+    created_at: datetime
+    workload_id: int
+    workload_name: str
+    workload_key: str
+    device_id: int
+    device_name: str
+    device_key: str
+    capacity_bytes: int
+    max_micro_batch_size: int
+    size_cap: int
+    headroom: float
+    budget_bytes: int
+    footprint_bytes: int | None
+    samples_per_second: float | None
+    superseded: bool
+    oom_limit: int | None
+
+    @property
+    def free_bytes(self) -> int | None:
+        """Device memory left at M*: capacity less the measured footprint."""
+        if self.footprint_bytes is None:
+            return None
+        return self.capacity_bytes - self.footprint_bytes
+
+    @property
+    def free_fraction(self) -> float | None:
+        free = self.free_bytes
+        return None if free is None or self.capacity_bytes <= 0 else free / self.capacity_bytes
+
+    @property
+    def status(self) -> Status:
+        return profile_status(
+            max_micro_batch_size=self.max_micro_batch_size,
+            size_cap=self.size_cap,
+            superseded=self.superseded,
+            oom_limit=self.oom_limit,
+        )
+
+
+def profile_status(
+    *, max_micro_batch_size: int, size_cap: int, superseded: bool, oom_limit: int | None
+) -> Status:
+    """One word for a profile, most important first: whether recommendations use it, and
+    whether its M* still holds."""
+    if superseded:
+        return Status(
+            "superseded",
+            "superseded",
+            "muted",
+            "a newer profile of this workload on this device is what recommendations use",
+        )
+    if max_micro_batch_size < 1:
+        return Status(
+            "nothing-fits",
+            "nothing fits",
+            "bad",
+            "not even a micro batch of 1 fits this device's memory",
+        )
+    if oom_limit is not None and oom_limit <= max_micro_batch_size:
+        return Status(
+            "oom-reported",
+            f"OOM at {oom_limit}",
+            "warn",
+            f"training ran out of memory at micro batch {oom_limit} since this profile: "
+            f"recommendations stay below it until a newer profile exists",
+        )
+    if max_micro_batch_size >= size_cap:
+        return Status(
+            "at-cap",
+            "at --max",
+            "info",
+            f"every size up to the search's cap ({size_cap}) fits: the true M* may be larger",
+        )
+    return Status("current", "current", "ok", "the newest profile of this workload and device")
+
+
+@dataclass(frozen=True)
+class Choice:
+    id: int
+    label: str
+
+
+@dataclass(frozen=True)
+class ProfileList:
+    rows: list[ProfileRow]
+    count: int
+    total: int
+    workloads: list[Choice]
+    devices: list[Choice]
+
+    def pages(self, size: int) -> int:
+        return max(1, -(-self.count // size))
+
+
+_P = models.Profile
+_W = models.Workload
+_D = models.Device
+_Probe = models.Probe
+
+
+def _at_max(profile: Any) -> ColumnElement[bool]:
+    """The fitting probes at the profile's M*."""
+    return and_(
+        _Probe.profile_id == profile.id,
+        _Probe.micro_batch_size == profile.max_micro_batch_size,
+        _Probe.fits.is_(True),
+    )
+
+
+def _superseded(profile: Any) -> Any:
+    newer = aliased(models.Profile)
+    return exists().where(
+        newer.workload_id == profile.workload_id,
+        newer.device_id == profile.device_id,
+        newer.created_at > profile.created_at,
+    )
+
+
+def _oom_since(profile: Any) -> Any:
+    return (
+        select(func.min(models.OomReport.micro_batch_size))
+        .where(
+            models.OomReport.workload_id == profile.workload_id,
+            models.OomReport.device_id == profile.device_id,
+            models.OomReport.created_at > profile.created_at,
+        )
+        .scalar_subquery()
+    )
+
+
+def list_profiles(session: Session, query: ListQuery) -> ProfileList:
+    """One page of profile rows, the number matching, and the filter menus."""
+    # The last fitting probe at M* is the one the recommendation reads (plan._probe_at).
+    footprint = (
+        select(_Probe.peak_reserved_bytes + _Probe.non_torch_bytes)
+        .where(_at_max(_P))
+        .order_by(_Probe.ordinal.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    speed = (
+        select(_Probe.samples_per_second)
+        .where(_at_max(_P))
+        .order_by(_Probe.ordinal.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    superseded = _superseded(_P)
+    where: list[ColumnElement[bool]] = []
+    if query.workload_id is not None:
+        where.append(_P.workload_id == query.workload_id)
+    if query.device_id is not None:
+        where.append(_P.device_id == query.device_id)
+    if query.latest_only:
+        where.append(~superseded)
+    free = _D.capacity_bytes - footprint
+    column: Any = {
+        "created": _P.created_at,
+        "mstar": _P.max_micro_batch_size,
+        "headroom": free,
+        "workload": _W.name,
+        "device": _D.name,
+    }[query.sort]
+    ordered = column.desc() if query.descending else column.asc()
+    tie = _P.id.desc() if query.descending else _P.id.asc()
+    statement = (
+        select(
+            _P.id,
+            _P.created_at,
+            _P.workload_id,
+            _W.name,
+            _W.key,
+            _P.device_id,
+            _D.name,
+            _D.key,
+            _D.capacity_bytes,
+            _P.max_micro_batch_size,
+            _P.size_cap,
+            _P.headroom,
+            _P.budget_bytes,
+            footprint,
+            speed,
+            superseded,
+            _oom_since(_P),
+        )
+        .join(_W, _W.id == _P.workload_id)
+        .join(_D, _D.id == _P.device_id)
+        .where(*where)
+        .order_by(ordered.nulls_last(), tie)
+        .limit(query.size)
+        .offset((query.page - 1) * query.size)
+    )
+    rows = [
+        ProfileRow(
+            id=r[0],
+            created_at=r[1],
+            workload_id=r[2],
+            workload_name=r[3],
+            workload_key=r[4],
+            device_id=r[5],
+            device_name=r[6],
+            device_key=r[7],
+            capacity_bytes=r[8],
+            max_micro_batch_size=r[9],
+            size_cap=r[10],
+            headroom=r[11],
+            budget_bytes=r[12],
+            footprint_bytes=r[13],
+            samples_per_second=r[14],
+            superseded=bool(r[15]),
+            oom_limit=r[16],
+        )
+        for r in session.execute(statement)
+    ]
+    count = session.scalar(select(func.count()).select_from(_P).where(*where)) or 0
+    total = count
+    if query.filtered:
+        # Tells "nothing matches these filters" apart from "nothing stored yet".
+        total = session.scalar(select(func.count()).select_from(_P)) or 0
+    return ProfileList(
+        rows=rows,
+        count=count,
+        total=total,
+        workloads=workload_choices(session),
+        devices=device_choices(session),
+    )
+
+
+def _labelled(rows: Sequence[tuple[int, str, str]]) -> list[Choice]:
+    """Names, with a short key where two share a name (a key tells what differs)."""
+    seen: dict[str, int] = {}
+    for _id, name, _key in rows:
+        seen[name] = seen.get(name, 0) + 1
+    return [
+        Choice(row_id, f"{name} ({key[:8]})" if seen[name] > 1 else name)
+        for row_id, name, key in rows
+    ]
+
+
+def workload_choices(session: Session) -> list[Choice]:
+    rows = session.execute(select(_W.id, _W.name, _W.key).order_by(_W.name, _W.id)).all()
+    return _labelled([(r[0], r[1], r[2]) for r in rows])
+
+
+def device_choices(session: Session) -> list[Choice]:
+    rows = session.execute(select(_D.id, _D.name, _D.key).order_by(_D.name, _D.id)).all()
+    return _labelled([(r[0], r[1], r[2]) for r in rows])
+
+
+# One profile
+
+
+@dataclass(frozen=True)
+class OomReportRow:
+    micro_batch_size: int
+    message: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class ProfileDetail:
+    profile: ProfilePublic
+    newest_id: int
+    oom_reports: list[OomReportRow]
+
+    @property
+    def superseded(self) -> bool:
+        return self.newest_id != self.profile.id
+
+    @property
+    def at_max(self) -> ProbeResult | None:
+        """The probe the recommendation reads at M*: the last one that fit there."""
+        found = [
+            p
+            for p in self.profile.probes
+            if p.fits and p.micro_batch_size == self.profile.max_micro_batch_size
+        ]
+        return found[-1] if found else None
+
+    @property
+    def oom_limit(self) -> int | None:
+        return min((r.micro_batch_size for r in self.oom_reports), default=None)
+
+    @property
+    def status(self) -> Status:
+        return profile_status(
+            max_micro_batch_size=self.profile.max_micro_batch_size,
+            size_cap=self.profile.size_cap,
+            superseded=self.superseded,
+            oom_limit=self.oom_limit,
+        )
+
+
+def profile_detail(session: Session, profile_id: int) -> ProfileDetail:
+    row = get_profile(session, profile_id)
+    newest_id = session.scalar(
+        select(_P.id)
+        .where(_P.workload_id == row.workload_id, _P.device_id == row.device_id)
+        .order_by(_P.created_at.desc(), _P.id.desc())
+        .limit(1)
+    )
+    reports = session.execute(
+        select(
+            models.OomReport.micro_batch_size,
+            models.OomReport.message,
+            models.OomReport.created_at,
+        )
+        .where(
+            models.OomReport.workload_id == row.workload_id,
+            models.OomReport.device_id == row.device_id,
+            models.OomReport.created_at > row.created_at,
+        )
+        .order_by(models.OomReport.created_at.desc())
+        .limit(20)
+    ).all()
+    return ProfileDetail(
+        profile=to_public(row),
+        newest_id=newest_id or row.id,
+        oom_reports=[OomReportRow(r[0], r[1], r[2]) for r in reports],
+    )
+
+
+# Workloads
+
+
+@dataclass(frozen=True)
+class WorkloadSummary:
+    id: int
+    key: str
+    name: str
+    target: str | None
+    precision: str
+    optimizer: str
+    parameter_count: int
+    activation_checkpointing: bool
+    profiles: int
+    devices: int
+    last_profiled_at: datetime | None
+
+
+WORKLOAD_LIST_LIMIT = 1000
+
+
+def list_workloads(session: Session) -> list[WorkloadSummary]:
+    """Every workload with how many profiles and devices it has; most recently profiled first."""
+    last = func.max(_P.created_at)
+    statement = (
+        select(
+            _W.id,
+            _W.key,
+            _W.name,
+            _W.target,
+            _W.precision,
+            _W.optimizer,
+            _W.parameter_count,
+            _W.activation_checkpointing,
+            func.count(_P.id),
+            func.count(func.distinct(_P.device_id)),
+            last,
+        )
+        .outerjoin(_P, _P.workload_id == _W.id)
+        .group_by(_W.id)
+        .order_by(last.desc().nulls_last(), _W.name)
+        .limit(WORKLOAD_LIST_LIMIT)
+    )
+    return [WorkloadSummary(*row) for row in session.execute(statement)]
+
+
+@dataclass(frozen=True)
+class DeviceResult:
+    """The workload on one device: measured by its newest profile there, or estimated from
+    another device's fit (the same estimate the recommendation endpoint gives)."""
+
+    device_id: int
+    device_key: str
+    device_name: str
+    device_kind: str
+    capacity_bytes: int
+    basis: Literal["measured", "estimated", "none"]
+    max_micro_batch_size: int | None
+    samples_per_second: float | None = None
+    best_samples_per_second: float | None = None
+    best_micro_batch_size: int | None = None
+    footprint_bytes: int | None = None
+    profile_id: int | None = None
+    profile_created_at: datetime | None = None
+    profiles: int = 0
+    oom_limit: int | None = None
+    source_device_name: str | None = None
+    note: str = ""
+
+    @property
+    def limited_max(self) -> int | None:
+        """M* as recommendations use it: below the smallest OOM reported since."""
+        if self.max_micro_batch_size is None:
+            return None
+        return plan.below_oom(self.max_micro_batch_size, self.oom_limit)
+
+
+@dataclass(frozen=True)
+class WorkloadDetail:
+    workload: models.Workload
+    results: list[DeviceResult] = field(default_factory=list)
+
+    @property
+    def largest_max(self) -> int:
+        return max((r.max_micro_batch_size or 0 for r in self.results), default=0)
+
+    @property
+    def fastest(self) -> float:
+        return max((r.samples_per_second or 0.0 for r in self.results), default=0.0)
+
+
+def workload_detail(session: Session, workload_id: int) -> WorkloadDetail:
+    """The workload's M* and throughput on every known device, side by side."""
+    workload = get_workload(session, workload_id)
+    newest = session.scalars(
+        select(_P).where(_P.workload_id == workload_id, ~_superseded(_P))
+    ).all()
+    counts = dict(
+        session.execute(
+            select(_P.device_id, func.count(_P.id))
+            .where(_P.workload_id == workload_id)
+            .group_by(_P.device_id)
+        ).all()
+    )
+    reports = session.execute(
+        select(
+            models.OomReport.device_id,
+            models.OomReport.micro_batch_size,
+            models.OomReport.created_at,
+        ).where(models.OomReport.workload_id == workload_id)
+    ).all()
+    devices = session.scalars(select(_D).order_by(_D.name, _D.id)).all()
+    source = newest_fit(session, workload_id)
+    fit = fit_of(source) if source is not None else None
+    by_device = {row.device_id: row for row in newest}
+    results: list[DeviceResult] = []
+    for device in devices:
+        row = by_device.get(device.id)
+        since = row.created_at if row is not None else None
+        oom = min(
+            (
+                size
+                for dev, size, at in reports
+                if dev == device.id and (since is None or at > since)
+            ),
+            default=None,
+        )
+        if row is not None:
+            results.append(_measured(device, row, counts.get(device.id, 0), oom))
+        elif source is not None and fit is not None:
+            results.append(_estimated(device, source, fit, oom))
+        else:
+            results.append(
+                DeviceResult(
+                    device_id=device.id,
+                    device_key=device.key,
+                    device_name=device.name,
+                    device_kind=device.kind,
+                    capacity_bytes=device.capacity_bytes,
+                    basis="none",
+                    max_micro_batch_size=None,
+                    oom_limit=oom,
+                    note="no profile here, and no fit elsewhere to estimate from",
+                )
+            )
+    order = {"measured": 0, "estimated": 1, "none": 2}
+    results.sort(key=lambda r: (order[r.basis], r.device_name))
+    return WorkloadDetail(workload=workload, results=results)
+
+
+def _measured(
+    device: models.Device, row: models.Profile, count: int, oom: int | None
+) -> DeviceResult:
+    fitting = [p for p in row.probes if p.fits]
+    at_max = [p for p in fitting if p.micro_batch_size == row.max_micro_batch_size]
+    probe = at_max[-1] if at_max else None
+    timed = [p for p in fitting if p.samples_per_second is not None]
+    best = max(timed, key=lambda p: p.samples_per_second or 0.0, default=None)
+    footprint = None
+    if probe is not None and probe.peak_reserved_bytes is not None:
+        footprint = probe.peak_reserved_bytes + probe.non_torch_bytes
+    return DeviceResult(
+        device_id=device.id,
+        device_key=device.key,
+        device_name=device.name,
+        device_kind=device.kind,
+        capacity_bytes=device.capacity_bytes,
+        basis="measured",
+        max_micro_batch_size=row.max_micro_batch_size,
+        samples_per_second=probe.samples_per_second if probe is not None else None,
+        best_samples_per_second=best.samples_per_second if best is not None else None,
+        best_micro_batch_size=best.micro_batch_size if best is not None else None,
+        footprint_bytes=footprint,
+        profile_id=row.id,
+        profile_created_at=row.created_at,
+        profiles=count,
+        oom_limit=oom,
+    )
+
+
+def _estimated(
+    device: models.Device, source: models.Profile, fit: AffineFit, oom: int | None
+) -> DeviceResult:
+    base = DeviceResult(
+        device_id=device.id,
+        device_key=device.key,
+        device_name=device.name,
+        device_kind=device.kind,
+        capacity_bytes=device.capacity_bytes,
+        basis="estimated",
+        max_micro_batch_size=None,
+        profile_id=source.id,
+        profile_created_at=source.created_at,
+        oom_limit=oom,
+    )
+    try:
+        estimate = plan.estimate_max_micro_batch(
+            fit, device.capacity_bytes, source.headroom, size_cap=source.size_cap
+        )
+    except BadInputError as exc:
+        return replace(base, basis="none", note=exc.message)
+    return replace(
+        base,
+        max_micro_batch_size=estimate,
+        footprint_bytes=round(fit.predict(estimate)) if estimate > 0 else None,
+        source_device_name=source.device.name,
+    )
+
+
+# Jobs and workers
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: int
+    target: str
+    options: dict[str, Any]
+    device: str
+    status: str
+    attempts: int
+    max_attempts: int
+    worker_id: int | None
+    worker_name: str | None
+    lease_expires_at: datetime | None
+    profile_id: int | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    def lease_expired(self, now: datetime) -> bool:
+        return (
+            self.status == "running"
+            and self.lease_expires_at is not None
+            and self.lease_expires_at < now
+        )
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    id: int
+    name: str
+    device_name: str
+    device_key: str
+    registered_at: datetime
+    last_heartbeat_at: datetime
+    running_job_id: int | None
+
+
+@dataclass(frozen=True)
+class JobsOverview:
+    counts: dict[str, int]
+    running: list[JobRow]
+    queued: list[JobRow]
+    failed: list[JobRow]
+    succeeded: list[JobRow]
+    workers: list[WorkerRow]
+
+    @property
+    def empty(self) -> bool:
+        return not any(self.counts.values())
+
+
+JOBS_SHOWN = 100
+SUCCEEDED_SHOWN = 10
+
+
+def jobs_overview(session: Session) -> JobsOverview:
+    """Running, queued (oldest first: the order workers claim them), failed and recently
+    succeeded jobs, and every worker. Read-only: expired leases are shown as expired and
+    left for the next claim or API read to sweep."""
+    counts = {status: 0 for status in ("queued", "running", "failed", "succeeded")}
+    counts.update(
+        dict(
+            session.execute(
+                select(models.Job.status, func.count(models.Job.id)).group_by(models.Job.status)
+            ).all()
+        )
+    )
+    worker_names = dict(session.execute(select(models.Worker.id, models.Worker.name)).all())
+
+    def jobs(status: str, *, oldest_first: bool, limit: int) -> list[JobRow]:
+        order = (
+            (models.Job.created_at.asc(), models.Job.id.asc())
+            if oldest_first
+            else (models.Job.updated_at.desc(), models.Job.id.desc())
+        )
+        rows = session.scalars(
+            select(models.Job).where(models.Job.status == status).order_by(*order).limit(limit)
+        ).all()
+        return [
+            JobRow(
+                id=job.id,
+                target=job.target,
+                options=dict(job.options),
+                device=job.device,
+                status=job.status,
+                attempts=job.attempts,
+                max_attempts=job.max_attempts,
+                worker_id=job.worker_id,
+                worker_name=worker_names.get(job.worker_id) if job.worker_id else None,
+                lease_expires_at=job.lease_expires_at,
+                profile_id=job.profile_id,
+                error=job.error,
+                created_at=job.created_at,
+                updated_at=job.updated_at,
+            )
+            for job in rows
+        ]
+
+    running = jobs("running", oldest_first=True, limit=JOBS_SHOWN)
+    running_by_worker = {job.worker_id: job.id for job in running if job.worker_id is not None}
+    workers = [
+        WorkerRow(
+            id=worker.id,
+            name=worker.name,
+            device_name=worker.device.name,
+            device_key=worker.device.key,
+            registered_at=worker.registered_at,
+            last_heartbeat_at=worker.last_heartbeat_at,
+            running_job_id=running_by_worker.get(worker.id),
+        )
+        for worker in session.scalars(
+            select(models.Worker).order_by(models.Worker.last_heartbeat_at.desc())
+        )
+    ]
+    return JobsOverview(
+        counts=counts,
+        running=running,
+        queued=jobs("queued", oldest_first=True, limit=JOBS_SHOWN),
+        failed=jobs("failed", oldest_first=False, limit=JOBS_SHOWN),
+        succeeded=jobs("succeeded", oldest_first=False, limit=SUCCEEDED_SHOWN),
+        workers=workers,
+    )

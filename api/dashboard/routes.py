@@ -1,0 +1,311 @@
+"""The dashboard: server-rendered pages over the same store and tokens as the JSON API.
+
+Pages need the ``read`` scope exactly as ``GET /api/v1/...`` does (``ReadAccess``), from the
+``tuner_token`` cookie that the login form sets, or from nobody when the service runs with
+public reads. A browser without either is sent to ``/login``; the JSON API keeps answering
+401. The dashboard only reads: it offers no action that writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import RedirectResponse, Response
+from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
+
+from api.dashboard import queries
+from api.dashboard.web import (
+    STATIC,
+    cookie_would_be_dropped,
+    forget_token,
+    login_redirect,
+    remember_token,
+    render,
+    safe_next,
+    same_origin,
+    stack,
+)
+from api.db import Database
+from api.deps import TOKEN_COOKIE, DatabaseDep, ReadAccess, SettingsDep
+from api.errors import STATUS_BY_CODE
+from api.schemas.common import INT32_MAX
+from api.security import authenticate
+from tuner.core.errors import AuthenticationError, BadInputError, TunerError
+
+LOGIN_REASONS = {
+    "expired": "Your token is no longer accepted (revoked or unknown): sign in with a valid one.",
+}
+
+
+class DashboardRoute(APIRoute):
+    """Errors on a page become pages: a login redirect when the token is missing or no
+    longer valid, and an HTML error page (same status as the API would give) otherwise."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def page(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except AuthenticationError:
+                presented = TOKEN_COOKIE in request.cookies
+                return login_redirect(request, reason="expired" if presented else None)
+            except TunerError as exc:
+                status = STATUS_BY_CODE.get(exc.code, 400)
+                return render(
+                    request, "error.html", status_code=status, status=status, message=exc.message
+                )
+            except RequestValidationError as exc:
+                # Only path parameters are typed here: a malformed id names nothing.
+                message = "; ".join(str(error.get("msg", "")) for error in exc.errors())
+                return render(
+                    request,
+                    "error.html",
+                    status_code=404,
+                    status=404,
+                    message=f"there is no such page ({message})",
+                )
+
+        return page
+
+
+router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
+
+RowId = Annotated[int, PathParam(ge=1, le=INT32_MAX)]
+
+
+def install(app: FastAPI) -> None:
+    """Serve the pages and their static files (scripts, styles, vendored libraries)."""
+    app.include_router(router)
+    app.mount("/static", StaticFiles(directory=Path(STATIC)), name="static")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# Profiles
+
+
+def _optional_id(params: Any, name: str, what: str) -> int | None:
+    raw = params.get(name)
+    if raw in (None, ""):
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= INT32_MAX:
+        raise BadInputError(f"{name}={raw!r} is not a {what} id: pick one from the menu")
+    return int(raw)
+
+
+def parse_list_query(params: Any) -> queries.ListQuery:
+    """The list's query string, refusing what the page never produces with a clear error."""
+    sort = params.get("sort") or "created"
+    if sort not in queries.SORT_KEYS:
+        raise BadInputError(f"sort={sort!r}: sort by one of {', '.join(queries.SORT_KEYS)}")
+    order = params.get("order") or "desc"
+    if order not in ("asc", "desc"):
+        raise BadInputError(f"order={order!r}: use asc or desc")
+    page_text = params.get("page") or "1"
+    if not page_text.isdigit() or not 1 <= int(page_text) <= INT32_MAX:
+        raise BadInputError(f"page={page_text!r}: pages are numbered from 1")
+    size_text = params.get("size") or str(queries.DEFAULT_PAGE_SIZE)
+    sizes = ", ".join(str(size) for size in queries.PAGE_SIZES)
+    if not size_text.isdigit() or int(size_text) not in queries.PAGE_SIZES:
+        raise BadInputError(f"size={size_text!r}: show {sizes} profiles a page")
+    return queries.ListQuery(
+        workload_id=_optional_id(params, "workload", "workload"),
+        device_id=_optional_id(params, "device", "device"),
+        latest_only=params.get("latest") in ("1", "on", "true"),
+        sort=sort,
+        descending=order == "desc",
+        page=int(page_text),
+        size=int(size_text),
+    )
+
+
+@router.get("/")
+def profiles_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> Response:
+    """Stored profiles: filter by workload and device, sort, page."""
+    query = parse_list_query(request.query_params)
+    with db.session() as session:
+        listing = queries.list_profiles(session, query)
+    return render(
+        request,
+        "profiles.html",
+        principal=principal,
+        query=query,
+        listing=listing,
+        page_sizes=queries.PAGE_SIZES,
+        now=_now(),
+        base_url=str(request.base_url).rstrip("/"),
+    )
+
+
+@router.get("/profiles/{profile_id}")
+def profile_page(
+    request: Request, profile_id: RowId, db: DatabaseDep, principal: ReadAccess
+) -> Response:
+    """One profile: memory and throughput charts, the breakdown at M*, the calculator."""
+    with db.session() as session:
+        detail = queries.profile_detail(session, profile_id)
+    profile, probe = detail.profile, detail.at_max
+    breakdown = []
+    if probe is not None and probe.breakdown is not None:
+        parts = [
+            ("Parameters", probe.breakdown.parameters_bytes, "part-params"),
+            ("Gradients", probe.breakdown.gradients_bytes, "part-grads"),
+            ("Optimizer state", probe.breakdown.optimizer_state_bytes, "part-optim"),
+            ("Activations and temporaries", probe.breakdown.activations_bytes, "part-acts"),
+        ]
+        if probe.breakdown.allocator_cache_bytes:
+            parts.append(("Allocator cache", probe.breakdown.allocator_cache_bytes, "part-cache"))
+        if probe.non_torch_bytes > 0:
+            parts.append(("Outside torch", probe.non_torch_bytes, "part-other"))
+        breakdown = stack(parts, profile.device.capacity_bytes)
+    return render(
+        request,
+        "profile.html",
+        principal=principal,
+        detail=detail,
+        profile=profile,
+        probe=probe,
+        breakdown=breakdown,
+        now=_now(),
+    )
+
+
+# Workloads
+
+
+@router.get("/workloads")
+def workloads_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> Response:
+    """Every workload, most recently profiled first."""
+    with db.session() as session:
+        workloads = queries.list_workloads(session)
+    return render(
+        request,
+        "workloads.html",
+        principal=principal,
+        workloads=workloads,
+        limit=queries.WORKLOAD_LIST_LIMIT,
+        now=_now(),
+        base_url=str(request.base_url).rstrip("/"),
+    )
+
+
+@router.get("/workloads/{workload_id}")
+def workload_page(
+    request: Request, workload_id: RowId, db: DatabaseDep, principal: ReadAccess
+) -> Response:
+    """One workload's M* and throughput on each device, side by side."""
+    with db.session() as session:
+        detail = queries.workload_detail(session, workload_id)
+    return render(request, "workload.html", principal=principal, detail=detail, now=_now())
+
+
+# Jobs and workers
+
+
+@router.get("/jobs")
+def jobs_page(
+    request: Request, db: DatabaseDep, settings: SettingsDep, principal: ReadAccess
+) -> Response:
+    """Queued, running and failed jobs with their reasons; workers and their heartbeats."""
+    with db.session() as session:
+        overview = queries.jobs_overview(session)
+    return render(
+        request,
+        "jobs.html",
+        principal=principal,
+        overview=overview,
+        # A worker claims every couple of seconds when idle and heartbeats a third of a
+        # lease while busy: two leases of silence mean it is gone.
+        silent_after_s=2 * settings.lease_seconds,
+        now=_now(),
+        base_url=str(request.base_url).rstrip("/"),
+    )
+
+
+# Login
+
+
+@router.get("/login")
+def login_form(request: Request) -> Response:
+    """The form that trades an API token for the dashboard's cookie."""
+    reason = request.query_params.get("reason")
+    return render(
+        request,
+        "login.html",
+        next=safe_next(request.query_params.get("next")),
+        notice=LOGIN_REASONS.get(reason or ""),
+        error=None,
+        insecure=cookie_would_be_dropped(request),
+    )
+
+
+def _check_token(db: Database, token: str) -> None:
+    with db.session() as session:
+        authenticate(session, token)
+
+
+@router.post("/login")
+async def login(request: Request, db: DatabaseDep) -> Response:
+    """Check the token as the API would, then keep it in a secure, http-only cookie."""
+    if not same_origin(request):
+        return render(
+            request,
+            "error.html",
+            status_code=403,
+            status=403,
+            message="this login form was posted from another site, so it was refused",
+        )
+    try:
+        form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=10)
+    except ValueError:  # more fields than the form has: not our form
+        form = {}
+    token = (form.get("token") or [""])[0].strip()
+    target = safe_next((form.get("next") or ["/"])[0])
+    try:
+        if not token:
+            raise AuthenticationError("paste an API token (it starts with mbt_)")
+        await run_in_threadpool(_check_token, db, token)
+    except AuthenticationError as exc:
+        return render(
+            request,
+            "login.html",
+            status_code=401,
+            next=target,
+            notice=None,
+            error=exc.message,
+            insecure=cookie_would_be_dropped(request),
+        )
+    response = RedirectResponse(target, status_code=303)
+    remember_token(response, token)
+    return response
+
+
+@router.post("/logout")
+def logout(request: Request, settings: SettingsDep) -> Response:
+    """Forget the cookie; with public reads the pages stay readable without it."""
+    if not same_origin(request):
+        return render(
+            request,
+            "error.html",
+            status_code=403,
+            status=403,
+            message="this sign-out was posted from another site, so it was refused",
+        )
+    response = RedirectResponse("/" if settings.public_reads else "/login", status_code=303)
+    forget_token(response)
+    return response
+
+
+__all__ = ["install", "router"]

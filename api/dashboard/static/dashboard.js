@@ -1,0 +1,459 @@
+/* microbatch-tuner dashboard: charts and the recommendation calculator of the profile
+   page, and error reporting for htmx requests. Loaded with `defer` on every page.
+
+   The charts read GET /api/v1/profiles/{id}, the calculator GET /api/v1/recommendation:
+   the same JSON API, and the same token (the dashboard's cookie), as the Python client.
+   Each chart keeps its uPlot instance in window.tunerCharts and on its element, so tests
+   (and curious people in the console) can read exactly what was drawn. */
+(function () {
+  "use strict";
+
+  const UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+
+  /* The same rules as api/dashboard/format.py: three significant digits, binary units. */
+  function fmtBytes(value) {
+    if (value === null || value === undefined || Number.isNaN(value)) return "—";
+    const sign = value < 0 ? "−" : "";
+    let size = Math.abs(value);
+    let unit = 0;
+    while (size >= 1024 && unit < UNITS.length - 1) {
+      size /= 1024;
+      unit += 1;
+    }
+    if (unit === 0) return sign + size.toFixed(0) + " B";
+    const digits = size < 10 ? 2 : size < 100 ? 1 : 0;
+    return sign + size.toFixed(digits) + " " + UNITS[unit];
+  }
+
+  /* Axis ticks: no trailing zeros ("512 MiB", "1.5 GiB"). */
+  function fmtBytesTick(value) {
+    if (value === 0) return "0";
+    let size = Math.abs(value);
+    let unit = 0;
+    while (size >= 1024 && unit < UNITS.length - 1) {
+      size /= 1024;
+      unit += 1;
+    }
+    return (value < 0 ? "−" : "") + String(Number(size.toFixed(2))) + " " + UNITS[unit];
+  }
+
+  function fmtRate(value) {
+    if (value === null || value === undefined) return "—";
+    if (value >= 100) return Math.round(value).toLocaleString("en-US") + "/s";
+    if (value >= 10) return value.toFixed(1) + "/s";
+    return value.toFixed(2) + "/s";
+  }
+
+  function fmtInt(value) {
+    return value === null || value === undefined ? "—" : value.toLocaleString("en-US");
+  }
+
+  /* [12, 12, 12, 4] reads "3×12 + 4", as tuner.plan.format_split writes it. */
+  function formatSplit(split) {
+    const full = split[0];
+    const last = split[split.length - 1];
+    const count = split.filter((s) => s === full).length;
+    const text = count > 1 ? count + "×" + full : String(full);
+    return last === full ? text : text + " + " + last;
+  }
+
+  /* Tick increments in binary units, so gridlines fall on 256 MiB, 1 GiB, ... */
+  const BYTE_INCRS = (function () {
+    const out = [];
+    for (let unit = 0; unit <= 4; unit++) {
+      for (const m of [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]) {
+        out.push(m * Math.pow(1024, unit));
+      }
+    }
+    return out.filter((v, i, all) => all.indexOf(v) === i).sort((a, b) => a - b);
+  })();
+
+  /* Micro batch sizes are whole numbers: so are the x axis' ticks. */
+  const SIZE_INCRS = [1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 200, 250, 256, 500, 512, 1000, 1024, 2000, 2048, 4096, 5000, 8192, 10000, 16384, 32768, 65536];
+
+  class ApiError extends Error {
+    constructor(status, code, message) {
+      super(message);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  /* GET a JSON API path; a non-2xx answer becomes an ApiError with the API's message. */
+  async function getJson(path) {
+    let response;
+    try {
+      response = await fetch(path, {
+        credentials: "same-origin",
+        headers: { Accept: "application/json" },
+      });
+    } catch (err) {
+      throw new ApiError(0, "network", "the service did not answer (" + err.message + ")");
+    }
+    let body = null;
+    try {
+      body = await response.json();
+    } catch (_err) {
+      body = null;
+    }
+    if (!response.ok) {
+      const error = body && body.error ? body.error : {};
+      let message = error.message || response.status + " " + response.statusText;
+      if (response.status === 401) message += " (sign in again)";
+      throw new ApiError(response.status, error.code || "http_error", message);
+    }
+    return body;
+  }
+
+  function cssVar(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+
+  function showChartError(el, message) {
+    el.replaceChildren();
+    const box = document.createElement("p");
+    box.className = "error-box";
+    box.setAttribute("role", "alert");
+    box.textContent = "Could not draw the chart: " + message;
+    el.appendChild(box);
+    el.dataset.error = message;
+  }
+
+  function showChartEmpty(el, message) {
+    el.replaceChildren();
+    const p = document.createElement("p");
+    p.className = "chart-status";
+    p.textContent = message;
+    el.appendChild(p);
+    el.dataset.empty = "true";
+  }
+
+  /* The last probe at each size (as tuner.results.Profile.probe_at reads them), by size. */
+  function lastBySize(probes) {
+    const bySize = new Map();
+    for (const p of probes) bySize.set(p.micro_batch_size, p);
+    return bySize;
+  }
+
+  function footprint(p) {
+    return p.peak_reserved_bytes === null ? null : p.peak_reserved_bytes + p.non_torch_bytes;
+  }
+
+  /* Series of the memory chart: x = 0 and every probed size. */
+  function memoryData(profile) {
+    const bySize = lastBySize(profile.probes);
+    const sizes = Array.from(bySize.keys()).sort((a, b) => a - b);
+    const xs = [0].concat(sizes.filter((s) => s !== 0));
+    const capacity = profile.device.capacity_bytes;
+    const budget = profile.budget_bytes;
+    const fit = profile.fit;
+    const outside = profile.probes.some((p) => p.non_torch_bytes !== 0);
+    const at = (x) => bySize.get(x) || null;
+    const series = [
+      { key: "allocated", label: "peak allocated", values: xs.map((x) => (at(x) ? at(x).peak_allocated_bytes : null)) },
+      { key: "reserved", label: "peak reserved", values: xs.map((x) => (at(x) ? at(x).peak_reserved_bytes : null)) },
+    ];
+    if (outside) {
+      series.push({ key: "footprint", label: "reserved + outside torch", values: xs.map((x) => (at(x) ? footprint(at(x)) : null)) });
+    }
+    if (fit) {
+      series.push({ key: "fit", label: "affine fit", values: xs.map((x) => fit.fixed_bytes + fit.bytes_per_sample * x) });
+    }
+    series.push({ key: "budget", label: "budget", values: xs.map(() => budget) });
+    series.push({ key: "capacity", label: "capacity", values: xs.map(() => capacity) });
+    // A probe that ran out of memory before its step finished has no peak: it is marked
+    // on the capacity line, where it hit the wall.
+    series.push({
+      key: "failed",
+      label: "does not fit",
+      values: xs.map((x) => {
+        const p = at(x);
+        if (!p || p.fits) return null;
+        const y = footprint(p);
+        return y === null ? capacity : y;
+      }),
+    });
+    const mstar = profile.max_micro_batch_size;
+    series.push({
+      key: "max",
+      label: "M* = " + mstar,
+      values: xs.map((x) => (x === mstar && at(x) && at(x).fits ? footprint(at(x)) : null)),
+    });
+    return { xs, series };
+  }
+
+  function throughputData(profile) {
+    const bySize = lastBySize(profile.probes.filter((p) => p.fits && p.samples_per_second !== null));
+    const xs = Array.from(bySize.keys()).sort((a, b) => a - b);
+    const mstar = profile.max_micro_batch_size;
+    return {
+      xs,
+      series: [
+        { key: "speed", label: "samples/s", values: xs.map((x) => bySize.get(x).samples_per_second) },
+        { key: "max", label: "M* = " + mstar, values: xs.map((x) => (x === mstar ? bySize.get(x).samples_per_second : null)) },
+      ],
+    };
+  }
+
+  function chartSize(el, tall) {
+    const width = Math.max(280, el.clientWidth);
+    const narrow = width < 560;
+    return { width, height: tall ? (narrow ? 260 : 340) : narrow ? 200 : 240 };
+  }
+
+  function styleFor(key) {
+    const failed = cssVar("--chart-failed");
+    const max = cssVar("--chart-max");
+    const styles = {
+      allocated: { stroke: cssVar("--chart-allocated"), width: 2, points: { show: true, size: 7 }, spanGaps: true },
+      reserved: { stroke: cssVar("--chart-reserved"), width: 2, points: { show: true, size: 7 }, spanGaps: true },
+      footprint: { stroke: cssVar("--chart-footprint"), width: 1.5, dash: [2, 3], points: { show: true, size: 5 }, spanGaps: true },
+      fit: { stroke: cssVar("--chart-fit"), width: 1.5, dash: [8, 5], points: { show: false } },
+      budget: { stroke: cssVar("--chart-capacity"), width: 1, dash: [3, 3], points: { show: false } },
+      capacity: { stroke: cssVar("--chart-capacity"), width: 2, points: { show: false } },
+      failed: { stroke: failed, width: 0, paths: () => null, points: { show: true, size: 13, width: 2.5, stroke: failed, fill: cssVar("--panel") } },
+      max: { stroke: max, width: 0, paths: () => null, points: { show: true, size: 14, width: 2.5, stroke: max, fill: max } },
+      speed: { stroke: cssVar("--chart-speed"), width: 2, points: { show: true, size: 7 }, spanGaps: true },
+    };
+    return styles[key];
+  }
+
+  /* A dashed vertical line at M*, drawn under the series. */
+  function markMax(mstar) {
+    return function (u) {
+      if (!(mstar > 0)) return;
+      const x = Math.round(u.valToPos(mstar, "x", true));
+      const ctx = u.ctx;
+      ctx.save();
+      ctx.strokeStyle = cssVar("--chart-max");
+      ctx.setLineDash([4, 4]);
+      ctx.lineWidth = 1;
+      ctx.beginPath();
+      ctx.moveTo(x, u.bbox.top);
+      ctx.lineTo(x, u.bbox.top + u.bbox.height);
+      ctx.stroke();
+      ctx.restore();
+    };
+  }
+
+  function axis(label, extra) {
+    const grid = cssVar("--chart-grid");
+    return Object.assign(
+      { label, stroke: cssVar("--chart-axis"), grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 } },
+      extra || {},
+    );
+  }
+
+  function drawChart(el, name, built, opts) {
+    const { xs, series } = built;
+    const size = chartSize(el, opts.tall);
+    const uSeries = [{ label: "micro batch", value: (_u, v) => (v === null ? "—" : fmtInt(v)) }].concat(
+      series.map((s) => Object.assign({ label: s.label, value: (_u, v) => (v === null || v === undefined ? "—" : opts.format(v)) }, styleFor(s.key))),
+    );
+    const maxX = xs.length ? xs[xs.length - 1] : 1;
+    const config = {
+      width: size.width,
+      height: size.height,
+      scales: {
+        x: { time: false, range: (_u, min, max) => [opts.tall ? 0 : Math.max(0, min - Math.max(1, maxX * 0.04)), max + Math.max(1, maxX * 0.04)] },
+        y: { range: (_u, _min, max) => [0, (max || 1) * 1.08] },
+      },
+      axes: [axis("micro batch size", { incrs: SIZE_INCRS, values: (_u, ticks) => ticks.map((t) => fmtInt(t)) }), axis(opts.yLabel, opts.yAxis)],
+      series: uSeries,
+      legend: { live: true },
+      cursor: { points: { size: 8 } },
+      hooks: { drawClear: [markMax(opts.mstar)] },
+    };
+    if (opts.bands) config.bands = opts.bands(series);
+    el.replaceChildren();
+    const u = new uPlot(config, [xs].concat(series.map((s) => s.values)), el);
+    el.tunerChart = u;
+    el.dataset.series = JSON.stringify(series.map((s) => s.key));
+    el.dataset.drawn = "true";
+    window.tunerCharts[name] = u;
+    if (typeof ResizeObserver === "function") {
+      let last = size.width;
+      new ResizeObserver(() => {
+        const next = chartSize(el, opts.tall);
+        if (Math.abs(next.width - last) > 2) {
+          last = next.width;
+          u.setSize(next);
+        }
+      }).observe(el);
+    }
+    return u;
+  }
+
+  async function initCharts() {
+    const memoryEl = document.getElementById("memory-chart");
+    if (!memoryEl) return;
+    const throughputEl = document.getElementById("throughput-chart");
+    window.tunerCharts = window.tunerCharts || {};
+    let profile;
+    try {
+      if (typeof uPlot !== "function") throw new Error("the chart library did not load");
+      profile = await getJson(memoryEl.dataset.profileUrl);
+    } catch (err) {
+      showChartError(memoryEl, err.message);
+      if (throughputEl) showChartError(throughputEl, err.message);
+      return;
+    }
+    const mstar = profile.max_micro_batch_size;
+    if (!profile.probes.length) {
+      showChartEmpty(memoryEl, "This profile has no probes to draw.");
+    } else {
+      const memory = memoryData(profile);
+      drawChart(memoryEl, "memory", memory, {
+        tall: true,
+        mstar,
+        format: fmtBytes,
+        yLabel: "peak memory",
+        yAxis: { values: (_u, ticks) => ticks.map(fmtBytesTick), incrs: BYTE_INCRS, size: 78 },
+        bands: (series) => {
+          const index = (key) => 1 + series.findIndex((s) => s.key === key);
+          return [{ series: [index("capacity"), index("budget")], fill: cssVar("--chart-band") }];
+        },
+      });
+    }
+    if (throughputEl) {
+      const speed = throughputData(profile);
+      if (!speed.xs.length) {
+        showChartEmpty(throughputEl, "No throughput was measured: no probe that fits recorded its samples per second.");
+      } else {
+        drawChart(throughputEl, "throughput", speed, {
+          tall: false,
+          mstar,
+          format: fmtRate,
+          yLabel: "samples per second",
+          yAxis: { values: (_u, ticks) => ticks.map((t) => fmtInt(t)), size: 64 },
+        });
+      }
+    }
+  }
+
+  /* The calculator asks the recommendation endpoint, never computes on its own. */
+  function initCalculator() {
+    const form = document.getElementById("calc-form");
+    if (!form) return;
+    const errorBox = document.getElementById("calc-error");
+    const result = document.getElementById("calc-result");
+    const field = (id) => document.getElementById(id);
+    let sequence = 0;
+    let timer = null;
+
+    function showError(message) {
+      errorBox.textContent = message;
+      errorBox.hidden = false;
+      result.hidden = true;
+      form.dataset.state = "error";
+    }
+
+    function show(rec) {
+      errorBox.hidden = true;
+      field("calc-micro").textContent = fmtInt(rec.micro_batch_size);
+      field("calc-accum").textContent = fmtInt(rec.grad_accum);
+      field("calc-split").textContent =
+        formatSplit(rec.split) + " = " + fmtInt(rec.per_rank_batch_size) + " samples a step" +
+        (rec.world_size > 1 ? " on each of " + rec.world_size + " ranks" : "");
+      field("calc-split").dataset.split = JSON.stringify(rec.split);
+      let peak = fmtBytes(rec.expected_peak_bytes);
+      if (rec.expected_headroom_bytes !== null) peak += " (" + fmtBytes(rec.expected_headroom_bytes) + " free)";
+      field("calc-peak").textContent = peak;
+      field("calc-speed").textContent =
+        rec.expected_samples_per_second === null ? "not measured" : fmtRate(rec.expected_samples_per_second);
+      let basis = rec.basis + ", from profile #" + rec.profile_id;
+      if (String(rec.profile_id) !== form.dataset.profileId) basis += " (the newest of this workload and device)";
+      if (rec.oom_limit !== null) basis += "; kept below the OOM reported at " + rec.oom_limit;
+      field("calc-basis").textContent = basis;
+      result.hidden = false;
+      form.dataset.state = "done";
+    }
+
+    async function compute() {
+      if (form.dataset.disabled) return;
+      const params = new URLSearchParams({
+        workload: form.dataset.workload,
+        device: form.dataset.device,
+        global_batch_size: field("calc-global").value.trim(),
+        world_size: field("calc-world").value.trim(),
+        policy: field("calc-policy").value,
+      });
+      if (!params.get("global_batch_size") || !params.get("world_size")) {
+        showError("Give a global batch size and a world size.");
+        return;
+      }
+      const mine = ++sequence;
+      form.dataset.state = "busy";
+      try {
+        const rec = await getJson("/api/v1/recommendation?" + params.toString());
+        if (mine === sequence) show(rec);
+      } catch (err) {
+        if (mine === sequence) showError(err.message);
+      }
+    }
+
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      clearTimeout(timer);
+      compute();
+    });
+    form.addEventListener("input", () => {
+      clearTimeout(timer);
+      timer = setTimeout(compute, 300);
+    });
+    form.addEventListener("change", () => {
+      clearTimeout(timer);
+      compute();
+    });
+    compute();
+  }
+
+  /* An htmx request that fails is said so on the page, never dropped silently. */
+  function reportHtmxErrors() {
+    function banner(message) {
+      let box = document.getElementById("request-error");
+      if (!box) {
+        box = document.createElement("p");
+        box.id = "request-error";
+        box.className = "error-box";
+        box.setAttribute("role", "alert");
+        const main = document.getElementById("main");
+        main.insertBefore(box, main.firstChild);
+      }
+      box.textContent = message;
+    }
+    document.body.addEventListener("htmx:responseError", (event) => {
+      const xhr = event.detail.xhr;
+      let message = xhr.status + " " + xhr.statusText;
+      const page = new DOMParser().parseFromString(xhr.responseText || "", "text/html");
+      const explained = page.querySelector(".error-box");
+      if (explained) message += ": " + explained.textContent.trim();
+      banner("The page could not be updated: " + message);
+    });
+    document.body.addEventListener("htmx:sendError", () => {
+      banner("The page could not be updated: the service did not answer. Is it still running?");
+    });
+  }
+
+  window.tunerFormat = { fmtBytes, fmtRate, formatSplit };
+
+  function start() {
+    reportHtmxErrors();
+    initCalculator();
+    initCharts();
+  }
+
+  // Tests read this mark as the moment the page became usable: deferred scripts run before
+  // DOMContentLoaded, so by then htmx has processed the page and the handlers are wired.
+  function markReady() {
+    document.documentElement.dataset.ready = String(Math.round(performance.now()));
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+    document.addEventListener("DOMContentLoaded", markReady);
+  } else {
+    start();
+    markReady();
+  }
+})();

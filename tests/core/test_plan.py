@@ -1,0 +1,218 @@
+"""tuner.core.plan: from M* and measured probes to micro batch, accumulation steps and split."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuner.core.errors import BadInputError, NothingFitsError
+from tuner.core.plan import POLICIES, format_split, per_rank_batch, recommend, split_batch
+from tuner.core.results import ProbeResult
+
+
+def probe(
+    size: int, *, fits: bool = True, speed: float | None = None, peak: int = 0
+) -> ProbeResult:
+    """A measured probe, written out by hand: plain data, the shape a profile stores."""
+    return ProbeResult(
+        micro_batch_size=size,
+        fits=fits,
+        peak_allocated_bytes=peak or 1000 * size,
+        peak_reserved_bytes=peak or 1000 * size,
+        samples_per_second=speed,
+    )
+
+
+@pytest.mark.parametrize(
+    ("per_rank", "micro", "expected"),
+    [
+        (100, 25, [25, 25, 25, 25]),
+        (100, 30, [30, 30, 30, 10]),
+        (7, 7, [7]),
+        (7, 1, [1] * 7),
+        (5, 10, [5]),
+        (10, 9, [9, 1]),
+    ],
+)
+def test_split_batch_lists_full_micro_batches_then_the_remainder(
+    per_rank: int, micro: int, expected: list[int]
+) -> None:
+    assert split_batch(per_rank, micro) == expected
+
+
+def test_max_policy_even_split_keeps_the_global_batch() -> None:
+    plan = recommend(max_micro_batch_size=32, probes=[], global_batch_size=256, world_size=2)
+    assert (plan.micro_batch_size, plan.grad_accum, plan.split) == (32, 4, [32] * 4)
+    assert plan.per_rank_batch_size == 128
+    assert plan.micro_batch_size * plan.grad_accum * plan.world_size == plan.global_batch_size
+
+
+def test_max_policy_uneven_split_sums_to_the_per_rank_batch() -> None:
+    plan = recommend(max_micro_batch_size=30, probes=[], global_batch_size=200, world_size=2)
+    assert plan.split == [30, 30, 30, 10]
+    assert plan.grad_accum == 4
+    assert sum(plan.split) * plan.world_size == 200
+
+
+def test_m_star_larger_than_per_rank_batch_gives_one_step_of_the_whole_batch() -> None:
+    plan = recommend(max_micro_batch_size=4096, probes=[], global_batch_size=96, world_size=4)
+    assert (plan.micro_batch_size, plan.grad_accum, plan.split) == (24, 1, [24])
+    assert plan.max_micro_batch_size == 4096
+
+
+def test_batch_not_divisible_by_world_size_is_refused() -> None:
+    with pytest.raises(BadInputError, match="not divisible by world size 3"):
+        recommend(max_micro_batch_size=8, probes=[], global_batch_size=100, world_size=3)
+
+
+@pytest.mark.parametrize(("batch", "world"), [(0, 1), (-8, 1), (8, 0), (8, -2)])
+def test_non_positive_batch_or_world_size_is_refused(batch: int, world: int) -> None:
+    with pytest.raises(BadInputError, match="positive integer"):
+        per_rank_batch(batch, world)
+
+
+def test_unknown_policy_is_refused_and_lists_the_known_ones() -> None:
+    with pytest.raises(BadInputError, match="unknown policy 'fastest'") as info:
+        recommend(max_micro_batch_size=8, probes=[], global_batch_size=64, policy="fastest")
+    for name in POLICIES:
+        assert name in info.value.message
+
+
+@pytest.mark.parametrize("m_star", [0, -1])
+def test_nothing_fits_means_no_recommendation(m_star: int) -> None:
+    with pytest.raises(NothingFitsError):
+        recommend(max_micro_batch_size=m_star, probes=[], global_batch_size=64)
+
+
+def test_max_policy_reports_the_measured_probe_at_the_chosen_size() -> None:
+    probes = [probe(1, speed=10.0), probe(30, speed=200.0, peak=12345), probe(31, fits=False)]
+    plan = recommend(max_micro_batch_size=30, probes=probes, global_batch_size=100)
+    assert plan.expected_peak_bytes == 12345
+    assert plan.expected_samples_per_second == 200.0
+    assert plan.basis == "measured"
+
+
+def test_unmeasured_chosen_size_has_no_expected_numbers() -> None:
+    plan = recommend(
+        max_micro_batch_size=30, probes=[probe(1)], global_batch_size=100, basis="estimated"
+    )
+    assert plan.expected_peak_bytes is None
+    assert plan.expected_samples_per_second is None
+    assert plan.basis == "estimated"
+
+
+def test_even_policy_takes_a_divisor_within_five_percent_of_max_throughput() -> None:
+    probes = [probe(30, speed=100.0), probe(25, speed=96.0), probe(20, speed=99.0)]
+    plan = recommend(max_micro_batch_size=30, probes=probes, global_batch_size=100, policy="even")
+    # 25 is the largest divisor of 100 below 30, and 96 >= 0.95 × 100.
+    assert plan.split == [25, 25, 25, 25]
+    assert plan.micro_batch_size * plan.grad_accum == 100
+
+
+def test_even_policy_skips_divisors_that_are_too_slow_or_unmeasured() -> None:
+    probes = [probe(30, speed=100.0), probe(25, speed=94.0), probe(10, speed=95.0)]
+    plan = recommend(max_micro_batch_size=30, probes=probes, global_batch_size=100, policy="even")
+    # 25 is 6% slower, 20 was never measured: 10 is the largest acceptable divisor.
+    assert plan.micro_batch_size == 10
+    assert plan.split == [10] * 10
+
+
+def test_even_policy_keeps_max_when_no_divisor_is_fast_enough() -> None:
+    probes = [probe(30, speed=100.0), probe(25, speed=50.0), probe(1, speed=1.0)]
+    plan = recommend(max_micro_batch_size=30, probes=probes, global_batch_size=100, policy="even")
+    assert plan.split == [30, 30, 30, 10]
+
+
+def test_even_policy_without_measured_throughput_keeps_max() -> None:
+    plan = recommend(max_micro_batch_size=30, probes=[], global_batch_size=100, policy="even")
+    assert plan.micro_batch_size == 30
+
+
+def test_even_policy_uses_max_when_it_already_divides() -> None:
+    probes = [probe(25, speed=1.0), probe(5, speed=1000.0)]
+    plan = recommend(max_micro_batch_size=25, probes=probes, global_batch_size=100, policy="even")
+    assert plan.micro_batch_size == 25
+
+
+def test_throughput_policy_picks_the_fastest_fitting_probe_within_the_batch() -> None:
+    probes = [
+        probe(8, speed=500.0),
+        probe(16, speed=900.0),
+        probe(32, speed=800.0),
+        probe(48, fits=False, speed=5000.0),  # did not fit: never chosen
+        probe(64, speed=9999.0),  # above B/W: never chosen
+    ]
+    plan = recommend(
+        max_micro_batch_size=64, probes=probes, global_batch_size=40, policy="throughput"
+    )
+    assert plan.micro_batch_size == 16
+    assert plan.split == [16, 16, 8]
+    assert plan.expected_samples_per_second == 900.0
+
+
+def test_throughput_policy_without_speeds_falls_back_to_max() -> None:
+    plan = recommend(
+        max_micro_batch_size=12, probes=[probe(12)], global_batch_size=48, policy="throughput"
+    )
+    assert plan.micro_batch_size == 12
+
+
+def test_describe_for_an_even_split_on_one_rank() -> None:
+    text = recommend(max_micro_batch_size=32, probes=[], global_batch_size=128).describe()
+    # The wording may change; the numbers a person acts on may not.
+    for part in ("micro batch 32", "4 accumulation steps", "global batch 128"):
+        assert part in text
+    assert "rank" not in text
+    assert "+" not in text  # no remainder to mention
+
+
+def test_describe_single_step_is_singular() -> None:
+    text = recommend(max_micro_batch_size=64, probes=[], global_batch_size=64).describe()
+    assert "1 accumulation step" in text
+    assert "steps" not in text
+
+
+def test_describe_names_ranks_and_the_uneven_split() -> None:
+    plan = recommend(max_micro_batch_size=31, probes=[], global_batch_size=400, world_size=4)
+    text = plan.describe()
+    for part in (
+        "micro batch 31",
+        "4 accumulation steps",
+        "4 ranks",
+        "global batch 400",
+        "3×31 + 7",
+        "7 samples",
+    ):
+        assert part in text, (part, text)
+
+
+@pytest.mark.parametrize(
+    ("split", "text"),
+    [([12, 12, 12, 4], "3×12 + 4"), ([5], "5"), ([7, 3], "7 + 3"), ([4, 4], "2×4")],
+)
+def test_format_split(split: list[int], text: str) -> None:
+    assert format_split(split) == text
+
+
+@given(
+    per_rank=st.integers(min_value=1, max_value=5000),
+    world=st.integers(min_value=1, max_value=64),
+    m_star=st.integers(min_value=1, max_value=6000),
+)
+def test_split_property_sums_to_per_rank_batch_and_respects_m_star(
+    per_rank: int, world: int, m_star: int
+) -> None:
+    plan = recommend(
+        max_micro_batch_size=m_star, probes=[], global_batch_size=per_rank * world, world_size=world
+    )
+    split = plan.split
+    assert sum(split) == per_rank
+    assert all(1 <= size <= m_star for size in split)
+    # Only the last micro batch may be smaller than the others.
+    assert all(size == split[0] for size in split[:-1])
+    assert split[-1] <= split[0]
+    assert plan.grad_accum == len(split)
+    assert plan.micro_batch_size == split[0] == min(m_star, per_rank)
+    # The fewest steps possible with micro batches of at most M*.
+    assert plan.grad_accum == -(-per_rank // m_star)

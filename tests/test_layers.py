@@ -1,0 +1,163 @@
+"""Imports go down only: each package of ``tuner`` and the service may import the packages
+below it and nothing above (``cli`` and ``worker`` may use everything beneath them; the
+core imports nothing of ours). Checked on the source with ``ast``, lazy imports inside
+functions and ``TYPE_CHECKING`` blocks included, so a forbidden import fails here even
+when no test happens to execute it."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO_ROOT
+
+# What each package may import besides itself. ``api`` is the service: it stands on the
+# core only (it never imports torch); the client speaks its schemas and, embedded, runs
+# its store in-process.
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "tuner.core": frozenset(),
+    "tuner.engine": frozenset({"tuner.core"}),
+    "api": frozenset({"tuner.core"}),
+    "tuner.client": frozenset({"tuner.core", "api"}),
+    "tuner.train": frozenset({"tuner.core", "tuner.engine", "tuner.client"}),
+    "tuner.worker": frozenset({"tuner.core", "tuner.engine", "tuner.client"}),
+    "tuner.cli": frozenset(
+        {"tuner.core", "tuner.engine", "tuner.client", "tuner.train", "tuner.worker", "api"}
+    ),
+}
+# The package root re-exports the public API from every role; nothing inside may import it.
+FACADE = "tuner"
+OURS = ("tuner", "api", "examples", "bench", "tests", "migrations")
+
+
+def layer_of(module: str) -> str | None:
+    """The package of ``MAY_IMPORT`` that ``module`` belongs to (``None`` for the root)."""
+    for layer in MAY_IMPORT:
+        if module == layer or module.startswith(layer + "."):
+            return layer
+    return None
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imported(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[int, str]]:
+    """Every module ``tree`` imports, relative imports resolved against ``module``."""
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            # ``from tuner.engine import probe`` imports tuner.engine.probe: judge the names too.
+            for alias in node.names:
+                yield node.lineno, f"{base}.{alias.name}" if base else alias.name
+
+
+def violations(root: Path) -> list[str]:
+    """One line per forbidden import in the ``tuner`` and ``api`` packages under ``root``."""
+    found = []
+    for path in sorted([*root.glob("tuner/**/*.py"), *root.glob("api/**/*.py")]):
+        module = _module_name(path, root)
+        layer = layer_of(module)
+        if layer is None:
+            continue  # the facade itself
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for line, target in _imported(tree, module, path.name == "__init__.py"):
+            if target.split(".")[0] not in OURS:
+                continue
+            target_layer = layer_of(target)
+            if target_layer == layer or target_layer in MAY_IMPORT[layer]:
+                continue
+            # Outside every package: the root facade (``tuner``, ``tuner.Name``) or a tree
+            # that is no part of the product (examples, tests, ...).
+            what = target_layer or ("the package root" if target.startswith(FACADE) else target)
+            found.append(f"{path.relative_to(root)}:{line}: {layer} imports {target} ({what})")
+    return found
+
+
+def test_no_package_imports_one_above_it() -> None:
+    assert violations(REPO_ROOT) == []
+
+
+def test_every_module_belongs_to_a_package() -> None:
+    loose = [path.name for path in (REPO_ROOT / "tuner").glob("*.py") if path.name != "__init__.py"]
+    assert loose == [], "modules beside tuner/__init__.py belong in one of the role packages"
+
+
+@pytest.fixture
+def tree_copy(tmp_path: Path) -> Path:
+    for package in ("tuner", "api"):
+        shutil.copytree(
+            REPO_ROOT / package,
+            tmp_path / package,
+            ignore=shutil.ignore_patterns("__pycache__", "static", "templates", "migrations"),
+        )
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        (
+            "tuner/core/leak.py",
+            "from tuner.engine import probe\n",
+            "tuner.core imports tuner.engine.probe",
+        ),
+        (
+            "tuner/core/leak.py",
+            "import torch\nimport tuner.client\n",
+            "tuner.core imports tuner.client",
+        ),
+        (
+            "tuner/engine/leak.py",
+            "def later():\n    from tuner.client import TunerClient\n",
+            "tuner.engine imports tuner.client.TunerClient",
+        ),
+        (
+            "tuner/engine/leak.py",
+            "import typing\nif typing.TYPE_CHECKING:\n    from tuner.train import accumulate\n",
+            "tuner.engine imports tuner.train.accumulate",
+        ),
+        ("tuner/train/leak.py", "from ..cli import main\n", "tuner.train imports tuner.cli.main"),
+        (
+            "tuner/client/leak.py",
+            "from tuner import Workload\n",
+            "imports tuner.Workload (the package root)",
+        ),
+        (
+            "api/leak.py",
+            "from tuner.engine.probe import run_probe\n",
+            "api imports tuner.engine.probe",
+        ),
+    ],
+)
+def test_an_upward_import_in_a_temporary_module_is_found(
+    tree_copy: Path, module: str, source: str, expected: str
+) -> None:
+    assert violations(tree_copy) == []
+    (tree_copy / module).write_text(source)
+    found = violations(tree_copy)
+    assert len(found) == 1, found
+    assert found[0].startswith(f"{module}:")
+    assert expected in found[0]
+
+
+def test_downward_and_relative_imports_inside_a_package_are_allowed(tree_copy: Path) -> None:
+    (tree_copy / "tuner/train/fine.py").write_text(
+        "from tuner.core import plan\nfrom tuner.engine import probe\nfrom . import accumulate\n"
+    )
+    (tree_copy / "tuner/cli/fine.py").write_text("from tuner.worker import loop\nimport api.main\n")
+    assert violations(tree_copy) == []

@@ -1,0 +1,233 @@
+"""The worker's parts that need no service: the command it runs for a job, how it judges
+a finished run, the device it registers, its settings and its command line."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from tests.api.documents import sample_profile
+from tuner.core.errors import BadInputError
+from tuner.engine.backends import make_backend
+from tuner.engine.fingerprint import device_key
+from tuner.worker.loop import DeviceIdentity, Worker, WorkerSettings, describe_device
+from tuner.worker.profile_run import (
+    STDERR_TAIL_LINES,
+    Run,
+    outcome_of,
+    profile_command,
+    profile_from_output,
+    run_profile,
+    tail_of,
+)
+
+MiB = 2**20
+
+
+def command_for(**fields: Any) -> list[str]:
+    defaults = {"options": {}, "settings": {}, "device": "cpu", "memory_limit_bytes": None}
+    arguments: dict[str, Any] = defaults | fields
+    return profile_command("pkg.mod:factory", **arguments)
+
+
+def printed(profile_json: str, *noise: str) -> str:
+    return "\n".join([*noise, profile_json]) + "\n"
+
+
+def test_the_command_carries_the_jobs_settings_and_options() -> None:
+    command = command_for(
+        settings={
+            "memory_limit_bytes": None,
+            "headroom": 0.1,
+            "strategy": "bisect",
+            "size_cap": 64,
+            "warmup_steps": 3,
+        },
+        options={"precision": "bf16", "layers": 4, "tied": True, "note": None},
+        device="cuda:1",
+    )
+    assert command[:6] == [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "profile",
+        "pkg.mod:factory",
+        "--json",
+    ]
+    flags = command[6:]
+    assert flags[:2] == ["--device", "cuda:1"]
+    assert "--memory-limit" not in flags
+    assert flags[2:10] == [
+        *("--headroom", "0.1"),
+        *("--strategy", "bisect"),
+        *("--max", "64"),
+        *("--warmup-steps", "3"),
+    ]
+    # Option values travel as JSON, which `tuner profile` reads back as the same values.
+    assert flags[10:] == [
+        *("-o", 'precision="bf16"'),
+        *("-o", "layers=4"),
+        *("-o", "tied=true"),
+        *("-o", "note=null"),
+    ]
+
+
+def test_a_jobs_memory_limit_overrides_the_workers() -> None:
+    own = command_for(memory_limit_bytes=64 * MiB)
+    assert own[own.index("--memory-limit") + 1] == str(64 * MiB)
+    given = command_for(settings={"memory_limit_bytes": 8 * MiB}, memory_limit_bytes=64 * MiB)
+    assert given[given.index("--memory-limit") + 1] == str(8 * MiB)
+
+
+def test_the_printed_profile_is_read_back_exactly() -> None:
+    profile = sample_profile()
+    document = profile.model_dump(mode="json")
+    assert "peak_bytes" in document["probes"][0]  # what `tuner profile --json` prints
+    document["recommendation"] = {"micro_batch_size": 8}
+    stdout = printed(json.dumps(document), "the workload printed this", "{not json either")
+    assert profile_from_output(stdout) == profile
+
+
+@pytest.mark.parametrize("returncode", [0, 3])
+def test_exit_0_and_3_carry_a_profile(returncode: int) -> None:
+    profile = sample_profile(max_micro_batch_size=0 if returncode == 3 else 8)
+    outcome = outcome_of(Run(returncode, printed(profile.model_dump_json()), "probe 1"), timeout=60)
+    assert outcome.profile == profile
+    assert outcome.reason is None
+
+
+@pytest.mark.parametrize(
+    ("returncode", "retryable", "says"),
+    [
+        (1, False, "exited 1: the workload raised an error that is not an out-of-memory"),
+        (2, False, "exited 2: the job's target, options or settings are unusable here"),
+        (-signal.SIGKILL, True, "killed by SIGKILL"),
+        (-signal.SIGSEGV, True, "killed by SIGSEGV"),
+        (70, True, "exited 70, a status it never uses"),
+        (None, True, "did not finish within 60 s"),
+        (0, False, "exited 0 but tuner profile printed no JSON profile"),
+    ],
+)
+def test_failures_say_what_happened_and_whether_to_retry(
+    returncode: int | None, retryable: bool, says: str
+) -> None:
+    outcome = outcome_of(Run(returncode, "", "Traceback...\nValueError: bad shape"), timeout=60)
+    assert outcome.profile is None
+    assert outcome.retryable is retryable
+    assert outcome.reason is not None
+    assert says in outcome.reason
+    assert outcome.reason.endswith("\nTraceback...\nValueError: bad shape")
+
+
+def test_the_stderr_tail_is_bounded() -> None:
+    stream = io.BytesIO("".join(f"line {i}\n" for i in range(10_000)).encode())
+    tail = tail_of(stream)
+    assert tail.splitlines() == [f"line {i}" for i in range(10_000 - STDERR_TAIL_LINES, 10_000)]
+    assert tail_of(io.BytesIO(b"")) == ""
+
+
+def test_the_device_is_described_in_a_subprocess() -> None:
+    identity = describe_device("cpu", 64 * MiB)
+    backend = make_backend("cpu", memory_limit_bytes=64 * MiB)
+    assert identity.device == "cpu"
+    assert identity.key == device_key(backend)
+    assert identity.info.capacity_bytes == 64 * MiB
+    assert identity.info.name == backend.describe().name
+
+
+@pytest.mark.parametrize(
+    ("device", "limit", "says"),
+    [("cpu", None, "--memory-limit"), ("tpu", 64 * MiB, "unknown device 'tpu'")],
+)
+def test_an_unusable_device_is_refused(device: str, limit: int | None, says: str) -> None:
+    with pytest.raises(BadInputError, match=f"cannot use device {device}: .*{says}"):
+        describe_device(device, limit)
+
+
+def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNER_URL", "http://tuner:8000")
+    monkeypatch.setenv("TUNER_MEMORY_LIMIT", "2GiB")
+    monkeypatch.setenv("TUNER_POLL_INTERVAL", "0.5")
+    monkeypatch.setenv("TUNER_DATABASE_URL", "sqlite:///elsewhere.db")  # the service's
+    settings = WorkerSettings()
+    assert settings.url == "http://tuner:8000"
+    assert settings.memory_limit == 2 * 2**30
+    assert settings.poll_interval == 0.5
+    monkeypatch.setenv("TUNER_POLL_INTERVAL", "0")
+    with pytest.raises(ValidationError, match="poll_interval"):
+        WorkerSettings()
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "worker", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=60,
+    )
+
+
+def test_the_command_line_refuses_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TUNER_URL", raising=False)
+    missing = run_cli("--device", "cpu", "--memory-limit", "64MiB")
+    assert missing.returncode == 2
+    assert "give the service's address with --url or TUNER_URL" in missing.stderr
+    zero = run_cli("--url", "http://127.0.0.1:9", "--poll-interval", "0")
+    assert zero.returncode == 2
+    assert "must be a positive number of seconds" in zero.stderr
+    no_limit = run_cli("--url", "http://127.0.0.1:9", "--device", "cpu")
+    assert no_limit.returncode == 2
+    assert "--memory-limit" in no_limit.stderr
+
+
+def test_an_unreachable_service_is_waited_for_until_stopped() -> None:
+    backend = make_backend("cpu", memory_limit_bytes=64 * MiB)
+    messages: list[str] = []
+    worker = Worker(
+        url="http://127.0.0.1:9",  # discard: nothing answers
+        token=None,
+        identity=DeviceIdentity("cpu", device_key(backend), backend.describe()),
+        name="patient",
+        poll_interval=0.1,
+        log=messages.append,
+    )
+    stopper = threading.Timer(1.0, worker.stop)
+    stopper.start()
+    try:
+        assert worker.run() == 0
+    finally:
+        stopper.cancel()
+        worker.close()
+    assert worker.worker_id is None
+    assert any("cannot register yet, retrying" in m for m in messages)
+
+
+def test_a_run_ends_at_its_timeout_or_when_cancelled() -> None:
+    sleeper = [
+        sys.executable,
+        "-c",
+        "import sys, time; print('started', flush=True); "
+        "sys.stderr.write('waiting\\n'); time.sleep(60)",
+    ]
+    started = time.monotonic()
+    timed_out = run_profile(sleeper, timeout=1.0, cancelled=lambda: False)
+    assert timed_out == Run(None, "started\n", "waiting", cancelled=False)
+    asked = threading.Event()
+    threading.Timer(0.5, asked.set).start()
+    cancelled = run_profile(sleeper, timeout=60, cancelled=asked.is_set)
+    assert cancelled.returncode is None
+    assert cancelled.cancelled
+    assert time.monotonic() - started < 10
+    finished = run_profile([sys.executable, "-c", "exit(3)"], timeout=60, cancelled=lambda: False)
+    assert finished == Run(3, "", "")

@@ -1,0 +1,7 @@
+"""``python -m tuner.cli``: the same as the ``tuner`` console script."""
+
+import sys
+
+from tuner.cli.main import main
+
+sys.exit(main())

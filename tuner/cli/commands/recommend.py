@@ -1,0 +1,98 @@
+"""``tuner recommend``: ask the service for the micro batch and accumulation steps."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from rich.console import Console
+
+from tuner.cli.commands._args import EXIT_NOTHING_FITS, EXIT_OK, positive_int
+from tuner.core.errors import NothingFitsError
+from tuner.core.plan import POLICIES
+from tuner.core.units import format_bytes
+
+
+def add_parser(commands: Any) -> None:
+    recommend = commands.add_parser(
+        "recommend",
+        help="ask the service for micro batch size and accumulation steps",
+        description="global batch = micro batch × accumulation steps × world size. Asks the "
+        "service (TUNER_URL) for the settings that fit WORKLOAD on DEVICE.",
+    )
+    recommend.add_argument("--workload", required=True, help="workload key or name")
+    recommend.add_argument("--device", required=True, help="device key or name")
+    recommend.add_argument(
+        "--global-batch-size",
+        type=positive_int,
+        required=True,
+        help="samples per optimizer step across all ranks",
+    )
+    recommend.add_argument(
+        "--world-size", type=positive_int, default=1, help="data-parallel ranks (default 1)"
+    )
+    recommend.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="max",
+        help="max: largest fitting micro batch (default); even: equal micro batches when "
+        "within 5%% of max's throughput; throughput: fastest measured",
+    )
+    recommend.add_argument("--url", default=None, help="service URL (default: TUNER_URL)")
+    recommend.add_argument("--token", default=None, help="API token (default: TUNER_TOKEN)")
+    recommend.add_argument(
+        "--json", action="store_true", help="print the whole answer as one JSON object"
+    )
+
+
+def run(args: argparse.Namespace, stderr: Console) -> int:
+    from tuner.client import TunerClient
+
+    with TunerClient(args.url, token=args.token) as client:
+        try:
+            answer = client.recommend(
+                workload=args.workload,
+                device=args.device,
+                global_batch_size=args.global_batch_size,
+                world_size=args.world_size,
+                policy=args.policy,
+            )
+        except NothingFitsError as exc:
+            stderr.print(
+                f"tuner recommend: {exc.message}", highlight=False, markup=False, soft_wrap=True
+            )
+            return EXIT_NOTHING_FITS
+    if args.json:
+        sys.stdout.write(answer.model_dump_json() + "\n")
+        return EXIT_OK
+    print(answer.describe())
+    source = (
+        f"measured by profile {answer.profile_id}"
+        if answer.basis == "measured"
+        else f"estimated from profile {answer.profile_id} on device {answer.profile_device_key}"
+    )
+    print(
+        f"{answer.workload_name} on {answer.device_name}: {source}, "
+        f"{_age(answer.profile_age_s)} old"
+    )
+    numbers = [f"expected peak {format_bytes(answer.expected_peak_bytes)}"]
+    if answer.expected_headroom_bytes is not None:
+        numbers.append(f"headroom {format_bytes(answer.expected_headroom_bytes)}")
+    if answer.expected_samples_per_second is not None:
+        numbers.append(f"{answer.expected_samples_per_second:.1f} samples/s")
+    print(f"{answer.basis}: " + ", ".join(numbers))
+    if answer.oom_limit is not None:
+        print(
+            f"kept below micro batch {answer.oom_limit}, which ran out of memory in training; "
+            "a newer profile lifts this"
+        )
+    return EXIT_OK
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{int(seconds)} seconds"

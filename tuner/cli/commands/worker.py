@@ -1,0 +1,115 @@
+"""``tuner worker``: run profiling jobs from the service on this host's device."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from datetime import datetime
+from types import FrameType
+from typing import Any
+
+from rich.console import Console
+
+from tuner.cli.commands._args import EXIT_OK, memory
+from tuner.core.errors import BadInputError
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value:g} must be a positive number of seconds")
+    return value
+
+
+def add_parser(commands: Any) -> None:
+    worker = commands.add_parser(
+        "worker",
+        help="claim and run profiling jobs for this host's device",
+        description="Register this host's device with the service, then claim profiling "
+        "jobs queued for it (by device key or device name), run each in its own "
+        "`tuner profile` subprocess, and upload the profile. Stop with SIGTERM or Ctrl-C: "
+        "the running job goes back to the queue.",
+    )
+    worker.add_argument(
+        "--url", default=None, help="the service, e.g. http://tuner:8000 (TUNER_URL)"
+    )
+    worker.add_argument(
+        "--token",
+        default=None,
+        help="a token with the worker scope (TUNER_TOKEN, which keeps it out of `ps`)",
+    )
+    worker.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present, else cpu)"
+    )
+    worker.add_argument(
+        "--memory-limit",
+        type=memory,
+        default=None,
+        help="memory to fit in, e.g. 2GiB: needed on cpu; on cuda it emulates a smaller card. "
+        "A job's own limit overrides it",
+    )
+    worker.add_argument("--name", default=None, help="shown in the service (default: host name)")
+    worker.add_argument(
+        "--poll-interval",
+        type=seconds,
+        default=None,
+        help="seconds between claims while the queue is empty (default 2)",
+    )
+    worker.add_argument(
+        "--job-timeout",
+        type=seconds,
+        default=None,
+        help="seconds a profile may run before it is killed and retried (default 3600)",
+    )
+    worker.add_argument("--once", action="store_true", help="run one job, then exit")
+    worker.add_argument(
+        "--exit-when-idle",
+        action="store_true",
+        help="exit when the queue has no job for this device",
+    )
+
+
+def run(args: argparse.Namespace, stderr: Console) -> int:
+    from tuner.worker.loop import Worker, WorkerSettings, describe_device
+
+    settings = WorkerSettings()
+    url = args.url or settings.url
+    if not url:
+        raise BadInputError("give the service's address with --url or TUNER_URL")
+
+    def log(message: str) -> None:
+        stamp = datetime.now().astimezone().strftime("%H:%M:%S")
+        stderr.print(f"{stamp} {message}", highlight=False, markup=False, soft_wrap=True)
+
+    memory_limit = args.memory_limit or settings.memory_limit
+    identity = describe_device(args.device or settings.device, memory_limit)
+    worker = Worker(
+        url=url,
+        token=args.token or settings.token,
+        identity=identity,
+        name=args.name or settings.name,
+        memory_limit_bytes=memory_limit,
+        poll_interval=args.poll_interval or settings.poll_interval,
+        job_timeout=args.job_timeout or settings.job_timeout,
+        log=log,
+    )
+
+    def on_signal(number: int, _frame: FrameType | None) -> None:
+        log(f"{signal.Signals(number).name}: finishing; send it again to quit at once")
+        worker.stop()
+        # A second signal takes the default action: the process ends there and then.
+        signal.signal(number, signal.SIG_DFL)
+
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, on_signal)
+    try:
+        done = worker.run(max_jobs=1 if args.once else None, exit_when_idle=args.exit_when_idle)
+    finally:
+        worker.close()
+    log(f"worker {worker.worker_id} stops after {done} job run(s)")
+    return EXIT_OK

@@ -1,0 +1,55 @@
+"""The store over HTTP: the client's side of ``/api/v1``. Torch-free, and free of FastAPI
+and SQLAlchemy, so it runs anywhere."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from api.schemas.jobs import JobPublic
+from api.schemas.oom_reports import OomReportPublic
+from api.schemas.profiles import ProfilePublic, ProfilesPublic
+from api.schemas.recommendation import RecommendationPublic
+from tuner.client.transport import Transport
+
+API_PREFIX = "/api/v1"
+
+
+class RestStore:
+    """One service's REST API, with the transport's timeouts and bounded retries."""
+
+    def __init__(
+        self, url: str, *, token: str | None, timeout: float, retries: int, backoff: float
+    ) -> None:
+        self._transport = Transport(
+            url, token=token, timeout=timeout, retries=retries, backoff=backoff
+        )
+        self.url = self._transport.url
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._transport.request(method, API_PREFIX + path, **kwargs)
+
+    def recommend(self, params: Mapping[str, Any]) -> RecommendationPublic:
+        answer = self._call("GET", "/recommendation", params=dict(params))
+        return RecommendationPublic.model_validate(answer)
+
+    def upload_profile(self, document: Mapping[str, Any]) -> ProfilePublic:
+        return ProfilePublic.model_validate(self._call("POST", "/profiles", json=dict(document)))
+
+    def get_profile(self, profile_id: int) -> ProfilePublic:
+        return ProfilePublic.model_validate(self._call("GET", f"/profiles/{profile_id}"))
+
+    def list_profiles(self, params: Mapping[str, Any]) -> ProfilesPublic:
+        return ProfilesPublic.model_validate(self._call("GET", "/profiles", params=dict(params)))
+
+    def report_oom(self, body: Mapping[str, Any]) -> OomReportPublic:
+        return OomReportPublic.model_validate(self._call("POST", "/oom-reports", json=dict(body)))
+
+    def queue_job(self, body: Mapping[str, Any]) -> JobPublic:
+        return JobPublic.model_validate(self._call("POST", "/jobs", json=dict(body)))
+
+    def get_job(self, job_id: int) -> JobPublic:
+        return JobPublic.model_validate(self._call("GET", f"/jobs/{job_id}"))

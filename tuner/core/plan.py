@@ -1,0 +1,294 @@
+"""From a profile to training settings. Torch-free: the service, the client and the CLI
+all call this one module.
+
+    global batch = micro batch × accumulation steps × world size
+
+When the per-rank batch ``B / W`` is not a multiple of the micro batch, the last
+micro batch of each step is smaller: ``split`` lists every micro batch of one step on
+one rank, and it always sums to ``B / W``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal, NoReturn, get_args
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.core.errors import BadInputError, NothingFitsError
+from tuner.core.results import AffineFit, ProbeResult
+
+Policy = Literal["max", "even", "throughput"]
+POLICIES: tuple[str, ...] = get_args(Policy)
+Basis = Literal["measured", "estimated"]
+
+# `even` gives up at most this fraction of the `max` policy's throughput for equal steps.
+EVEN_THROUGHPUT_TOLERANCE = 0.05
+
+
+class Recommendation(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    micro_batch_size: int
+    grad_accum: int
+    split: list[int]
+    global_batch_size: int
+    world_size: int
+    per_rank_batch_size: int
+    policy: Policy
+    max_micro_batch_size: int
+    expected_peak_bytes: int | None
+    expected_samples_per_second: float | None
+    basis: Basis
+    # Device capacity less the expected footprint; None where either is unknown.
+    expected_headroom_bytes: int | None = None
+
+    def describe(self) -> str:
+        """One sentence a person reads: the settings and how a step splits."""
+        ranks = f" × {self.world_size} ranks" if self.world_size > 1 else ""
+        steps = f"{self.grad_accum} accumulation step{'s' if self.grad_accum != 1 else ''}"
+        if len(set(self.split)) == 1:
+            return (
+                f"micro batch {self.micro_batch_size} × {steps}{ranks} "
+                f"= global batch {self.global_batch_size}"
+            )
+        return (
+            f"micro batch {self.micro_batch_size}, {steps}: "
+            f"{format_split(self.split)} = {self.per_rank_batch_size} samples a step{ranks} "
+            f"= global batch {self.global_batch_size} (the last micro batch of each step "
+            f"has {self.split[-1]} samples)"
+        )
+
+
+def format_split(split: Sequence[int]) -> str:
+    """``[12, 12, 12, 4]`` reads as ``3×12 + 4``."""
+    full, last = split[0], split[-1]
+    count = sum(1 for s in split if s == full)
+    text = f"{count}×{full}" if count > 1 else str(full)
+    return text if last == full else f"{text} + {last}"
+
+
+def split_batch(per_rank_batch_size: int, micro_batch_size: int) -> list[int]:
+    """Micro batch sizes of one step: full ones, then the remainder if any."""
+    accum = math.ceil(per_rank_batch_size / micro_batch_size)
+    return [micro_batch_size] * (accum - 1) + [per_rank_batch_size - micro_batch_size * (accum - 1)]
+
+
+def largest_equal_micro_batch(per_rank_batch_size: int, max_micro_batch_size: int) -> int:
+    """The largest micro batch ``≤ M*`` that divides ``B / W``.
+
+    Frameworks that run equal micro batches only (the Hugging Face Trainer, Lightning)
+    keep the global batch exact with it: ``B = micro × (B / W / micro) × W``.
+    """
+    if max_micro_batch_size < 1:
+        raise NothingFitsError("no micro batch size fits on this device")
+    for size in range(min(max_micro_batch_size, per_rank_batch_size), 0, -1):
+        if per_rank_batch_size % size == 0:
+            return size
+    raise AssertionError("1 divides every batch size")
+
+
+def per_rank_batch(global_batch_size: int, world_size: int) -> int:
+    """``B / W``, refusing values that cannot keep the global batch exact."""
+    if global_batch_size < 1:
+        raise BadInputError(
+            f"global batch size must be a positive integer, got {global_batch_size}"
+        )
+    if world_size < 1:
+        raise BadInputError(f"world size must be a positive integer, got {world_size}")
+    if global_batch_size % world_size:
+        raise BadInputError(
+            f"global batch size {global_batch_size} is not divisible by world size {world_size}: "
+            "choose a global batch that is a multiple of the number of ranks"
+        )
+    return global_batch_size // world_size
+
+
+def recommend(
+    *,
+    max_micro_batch_size: int,
+    probes: Sequence[ProbeResult],
+    global_batch_size: int,
+    world_size: int = 1,
+    policy: str = "max",
+    basis: Basis = "measured",
+    capacity_bytes: int | None = None,
+) -> Recommendation:
+    """Choose the micro batch and accumulation steps for ``B`` samples over ``W`` ranks.
+
+    - ``max``: the largest fitting micro batch, ``min(M*, B/W)``.
+    - ``even``: the largest divisor of ``B/W`` not above ``M*`` whose throughput is within
+      5% of ``max``'s (every micro batch then has the same size).
+    - ``throughput``: the fitting probe with the highest measured samples per second.
+    """
+    if policy not in POLICIES:
+        raise BadInputError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
+    per_rank = per_rank_batch(global_batch_size, world_size)
+    if max_micro_batch_size < 1:
+        raise NothingFitsError(
+            "no micro batch size fits on this device, so no recommendation can be made"
+        )
+    largest = min(max_micro_batch_size, per_rank)
+    speeds = _measured_speeds(probes)
+    micro = largest
+    if policy == "throughput" and speeds:
+        micro = max((m for m in speeds if m <= largest), key=lambda m: speeds[m], default=largest)
+    elif policy == "even":
+        micro = _even_choice(per_rank, largest, speeds)
+    split = split_batch(per_rank, micro)
+    probe = _probe_at(probes, micro)
+    footprint = probe.footprint_bytes if probe is not None else None
+    return Recommendation(
+        micro_batch_size=micro,
+        grad_accum=len(split),
+        split=split,
+        global_batch_size=global_batch_size,
+        world_size=world_size,
+        per_rank_batch_size=per_rank,
+        policy=policy,  # type: ignore[arg-type]
+        max_micro_batch_size=max_micro_batch_size,
+        expected_peak_bytes=probe.peak_bytes if probe is not None else None,
+        expected_samples_per_second=speeds.get(micro),
+        basis=basis,
+        expected_headroom_bytes=(
+            capacity_bytes - footprint
+            if capacity_bytes is not None and footprint is not None
+            else None
+        ),
+    )
+
+
+def below_oom(max_micro_batch_size: int, oom_limit: int | None) -> int:
+    """``M*`` once training reported running out of memory at ``oom_limit``: below it."""
+    if oom_limit is None:
+        return max_micro_batch_size
+    return max(0, min(max_micro_batch_size, oom_limit - 1))
+
+
+def estimate_max_micro_batch(
+    fit: AffineFit, capacity_bytes: int, headroom: float, *, size_cap: int | None = None
+) -> int:
+    """``M*`` on a device that was never profiled, from another device's affine fit: the
+    largest ``m`` with ``fixed + slope·m ≤ (1 − headroom) × capacity``, at most ``size_cap``
+    (the search never looks above it, so neither does the estimate)."""
+    if not 0 <= headroom < 1:
+        raise BadInputError(f"headroom {headroom} is outside [0, 1): give e.g. 0.05")
+    if fit.bytes_per_sample <= 0:
+        raise BadInputError(
+            "the fit has no positive bytes per sample, so it cannot estimate a largest size: "
+            "profile the workload on this device instead"
+        )
+    budget = (1 - headroom) * capacity_bytes
+    # A tiny slope would put the quotient past any integer; the cap bounds it first.
+    if size_cap is not None and budget - fit.fixed_bytes >= fit.bytes_per_sample * (size_cap + 1):
+        return size_cap
+    return fit.largest_fitting(budget)
+
+
+def recommend_measured(
+    *,
+    max_micro_batch_size: int,
+    probes: Sequence[ProbeResult],
+    capacity_bytes: int | None = None,
+    global_batch_size: int,
+    world_size: int = 1,
+    policy: str = "max",
+    oom_limit: int | None = None,
+) -> Recommendation:
+    """The recommendation from a profile of this very device (its ``M*`` and probes), kept
+    below a micro batch that ran out of memory in training."""
+    largest = below_oom(max_micro_batch_size, oom_limit)
+    if largest < 1:
+        _nothing_fits(max_micro_batch_size, oom_limit, estimated=False)
+    return recommend(
+        max_micro_batch_size=largest,
+        probes=probes,
+        global_batch_size=global_batch_size,
+        world_size=world_size,
+        policy=policy,
+        capacity_bytes=capacity_bytes,
+    )
+
+
+def recommend_estimated(
+    fit: AffineFit,
+    *,
+    capacity_bytes: int,
+    headroom: float,
+    size_cap: int | None = None,
+    global_batch_size: int,
+    world_size: int = 1,
+    policy: str = "max",
+    oom_limit: int | None = None,
+) -> Recommendation:
+    """The recommendation for a device never profiled, from another device's fit.
+
+    Throughput does not carry over between devices, so every policy falls back to ``max``'s
+    choice among sizes with unknown speed; the expected peak is the fit's footprint.
+    """
+    estimated = estimate_max_micro_batch(fit, capacity_bytes, headroom, size_cap=size_cap)
+    largest = below_oom(estimated, oom_limit)
+    if largest < 1:
+        _nothing_fits(estimated, oom_limit, estimated=True)
+    chosen = recommend(
+        max_micro_batch_size=largest,
+        probes=(),
+        global_batch_size=global_batch_size,
+        world_size=world_size,
+        policy=policy,
+        basis="estimated",
+    )
+    peak = round(fit.predict(chosen.micro_batch_size))
+    return chosen.model_copy(
+        update={"expected_peak_bytes": peak, "expected_headroom_bytes": capacity_bytes - peak}
+    )
+
+
+def _nothing_fits(found: int, oom_limit: int | None, *, estimated: bool) -> NoReturn:
+    if found >= 1:
+        raise NothingFitsError(
+            f"training reported running out of memory at micro batch {oom_limit}, so no "
+            "smaller size is left: profile the workload on this device again (a newer "
+            "profile lifts the limit), or reduce memory per sample"
+        )
+    if estimated:
+        raise NothingFitsError(
+            "estimated from another device's fit, not even a micro batch of 1 fits this "
+            "device's memory: profile the workload on this device to measure it, or use a "
+            "larger device"
+        )
+    raise NothingFitsError(
+        "the profile found that not even a micro batch of 1 fits on this device: reduce "
+        "memory per sample (activation checkpointing, lower precision, shorter inputs) or "
+        "use a device with more memory"
+    )
+
+
+def _measured_speeds(probes: Sequence[ProbeResult]) -> dict[int, float]:
+    return {
+        p.micro_batch_size: p.samples_per_second
+        for p in probes
+        if p.fits and p.samples_per_second is not None
+    }
+
+
+def _probe_at(probes: Sequence[ProbeResult], micro_batch_size: int) -> ProbeResult | None:
+    found = [p for p in probes if p.micro_batch_size == micro_batch_size and p.fits]
+    return found[-1] if found else None
+
+
+def _even_choice(per_rank: int, largest: int, speeds: dict[int, float]) -> int:
+    if per_rank % largest == 0:
+        return largest
+    reference = speeds.get(largest)
+    if reference is None:
+        return largest
+    # Only a measured throughput may justify a smaller micro batch.
+    for divisor in range(largest - 1, 0, -1):
+        if (
+            per_rank % divisor == 0
+            and speeds.get(divisor, 0.0) >= (1 - EVEN_THROUGHPUT_TOLERANCE) * reference
+        ):
+            return divisor
+    return largest

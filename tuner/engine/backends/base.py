@@ -1,0 +1,102 @@
+"""How a probe's memory is measured: the interface both backends implement."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+import torch
+
+from tuner.core.results import DeviceInfo
+
+
+@dataclass
+class PeakReading:
+    """Peaks of a ``Backend.track`` block, complete when the block exits normally.
+
+    ``phases`` holds the allocated peak of each named phase of a step (the largest over
+    the block's steps), as marked with ``Backend.end_phase``.
+    """
+
+    allocated_bytes: int = 0
+    reserved_bytes: int = 0
+    alloc_retries: int = 0
+    phases: dict[str, int] = field(default_factory=dict)
+
+    def add(self, allocated: int, reserved: int, phase: str | None = None) -> None:
+        self.allocated_bytes = max(self.allocated_bytes, allocated)
+        self.reserved_bytes = max(self.reserved_bytes, reserved)
+        if phase is not None:
+            self.phases[phase] = max(self.phases.get(phase, 0), allocated)
+
+
+class Backend(ABC):
+    """A device with a capacity, and a way to read the peak memory of a block of work."""
+
+    kind: str
+    device: torch.device
+    capacity_bytes: int
+    # True when tracking slows each step (the CPU tracker intercepts every operator), so
+    # throughput must be timed on separate, untracked steps.
+    tracking_slows_steps: bool = False
+
+    @abstractmethod
+    def describe(self) -> DeviceInfo:
+        """Name, capacity and details for people and for the device key."""
+
+    @abstractmethod
+    def key_fields(self) -> dict[str, object]:
+        """Everything about this device that changes how much memory a step takes."""
+
+    @abstractmethod
+    def track(
+        self, resident: Iterable[torch.Tensor], *, enforce_capacity: bool = True
+    ) -> AbstractContextManager[PeakReading]:
+        """Measure the peak inside the block. ``resident`` lists tensors alive before it
+        (weights, gradients, optimizer state) so that a backend that only sees new
+        allocations can count them. Going over the capacity raises an out-of-memory
+        error, unless ``enforce_capacity`` is false and the backend can lift it."""
+
+    @abstractmethod
+    def end_phase(self, reading: PeakReading, phase: str) -> None:
+        """Inside ``track``: fold the peak since the last phase into ``reading`` under
+        ``phase`` and start the next phase's peak from the memory live now."""
+
+    def non_torch_bytes(self) -> int:
+        """Memory of this device held outside torch's allocator right now."""
+        return 0
+
+    def synchronize(self) -> None:
+        """Wait for queued work, so that timings and peaks are complete."""
+
+    def release_cached(self) -> None:
+        """Return cached, unused blocks to the device after an out-of-memory."""
+
+    def session(self) -> AbstractContextManager[None]:
+        """Settings held for a whole profile (a CUDA memory cap, say)."""
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (tied weights count once)."""
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+    return sum(seen.values())
+
+
+def iter_tensors(obj: object) -> Iterator[torch.Tensor]:
+    """Tensors inside nested dicts, lists and tuples (optimizer state, for one)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from iter_tensors(value)
+    elif isinstance(obj, list | tuple):
+        for item in obj:
+            yield from iter_tensors(item)

@@ -1,0 +1,162 @@
+"""The CPU backend: live tensor bytes tracked operator by operator against a limit.
+
+It makes a CPU behave like a GPU of ``limit_bytes``: every storage an operator creates is
+counted until it is freed, and the operator that takes the total over the limit raises
+``torch.OutOfMemoryError`` at once, as the CUDA allocator would. Training on CPU and the
+test suite use it to run the real search on real models.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tuner.core.results import DeviceInfo
+from tuner.core.units import format_bytes
+from tuner.engine.backends.base import Backend, PeakReading
+
+
+class LiveBytesTracker(TorchDispatchMode):
+    """Counts bytes of live tensor storages seen by operators; raises past ``limit_bytes``.
+
+    A storage is counted from the first operator that creates or reads it until the
+    storage is freed (a weakref callback). Tensors alive before the block are registered
+    up front with :meth:`register` so that state an operator has not yet touched
+    (optimizer moments during forward, say) still counts.
+    """
+
+    def __init__(self, limit_bytes: int | None = None) -> None:
+        super().__init__()
+        self.limit_bytes = limit_bytes
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        # Storage objects are preserved by torch for as long as the storage lives, so
+        # their id is stable and the weakref fires exactly when the memory is freed.
+        self._sizes: dict[int, int] = {}
+        self._refs: dict[int, weakref.ref[Any]] = {}
+
+    def register(self, tensors: Iterable[torch.Tensor]) -> None:
+        for tensor in tensors:
+            self._count(tensor)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = self.live_bytes
+
+    def _count(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        size = storage.nbytes()
+        known = self._sizes.get(key)
+        if known is None:
+            self._sizes[key] = size
+            self._refs[key] = weakref.ref(storage, self._forgetter(key))
+            self.live_bytes += size
+        elif known != size:  # resized in place
+            self._sizes[key] = size
+            self.live_bytes += size - known
+
+    def _forgetter(self, key: int) -> Callable[[object], None]:
+        def forget(_ref: object) -> None:
+            self.live_bytes -= self._sizes.pop(key, 0)
+            self._refs.pop(key, None)
+
+        return forget
+
+    def _count_all(self, values: Iterable[object]) -> None:
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                self._count(value)
+            elif isinstance(value, list | tuple):
+                for item in value:
+                    if isinstance(item, torch.Tensor):
+                        self._count(item)
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        self._count_all(args)
+        self._count_all(kwargs.values())
+        out = func(*args, **kwargs)
+        self._count_all(out if isinstance(out, list | tuple) else (out,))
+        # Checked on every operator, not only at a new peak: after a refused step the peak
+        # may already be above the limit, and the next attempt must still be held to it.
+        if self.limit_bytes is not None and self.live_bytes > self.limit_bytes:
+            # Read the total before `del out` frees the refused storage and lowers it. As on
+            # a GPU, the allocation that failed never existed: it does not count as the peak.
+            live = self.live_bytes
+            del out
+            raise torch.OutOfMemoryError(
+                f"CPU memory limit exceeded: {format_bytes(live)} live "
+                f"after {func}, limit {format_bytes(self.limit_bytes)}"
+            )
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+        return out
+
+
+class CpuBackend(Backend):
+    """Runs probes on the CPU against a memory limit of the user's choosing."""
+
+    kind = "cpu"
+    tracking_slows_steps = True
+
+    def __init__(self, limit_bytes: int) -> None:
+        if limit_bytes <= 0:
+            raise ValueError("the CPU memory limit must be positive")
+        self.device = torch.device("cpu")
+        self.capacity_bytes = limit_bytes
+        self._tracker: LiveBytesTracker | None = None
+
+    def describe(self) -> DeviceInfo:
+        return DeviceInfo(
+            kind=self.kind,
+            name=platform.processor() or platform.machine() or "cpu",
+            capacity_bytes=self.capacity_bytes,
+            details={
+                "memory_limit_bytes": self.capacity_bytes,
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "cpus": os.cpu_count(),
+            },
+        )
+
+    def key_fields(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "memory_limit_bytes": self.capacity_bytes,
+            "torch": torch.__version__.split("+")[0],
+        }
+
+    @contextmanager
+    def track(
+        self, resident: Iterable[torch.Tensor], *, enforce_capacity: bool = True
+    ) -> Iterator[PeakReading]:
+        reading = PeakReading()
+        tracker = LiveBytesTracker(self.capacity_bytes if enforce_capacity else None)
+        tracker.register(resident)
+        self._tracker = tracker
+        try:
+            with tracker:
+                yield reading
+        finally:
+            self._tracker = None
+        reading.add(tracker.peak_bytes, tracker.peak_bytes)
+
+    def end_phase(self, reading: PeakReading, phase: str) -> None:
+        if self._tracker is None:
+            raise RuntimeError("end_phase is only meaningful inside track()")
+        reading.add(self._tracker.peak_bytes, self._tracker.peak_bytes, phase)
+        self._tracker.reset_peak()

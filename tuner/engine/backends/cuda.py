@@ -1,0 +1,119 @@
+"""The CUDA backend: peaks from torch's caching allocator, as DESIGN.md's protocol says.
+
+Fits when ``reserved peak + non-torch ≤ (1 − headroom) × capacity`` and the allocator
+needed no retries (a retry means it had to free its cache to satisfy a request: the size
+works only by thrashing, and a slightly longer sequence would not).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+from tuner.core.errors import DeviceUnavailableError
+from tuner.core.results import DeviceInfo
+from tuner.engine.backends.base import Backend, PeakReading
+
+
+class CudaBackend(Backend):
+    """Probes on one CUDA device; an optional ``limit_bytes`` emulates a smaller GPU."""
+
+    kind = "cuda"
+
+    def __init__(self, index: int | None = None, *, limit_bytes: int | None = None) -> None:
+        if not torch.cuda.is_available():
+            raise DeviceUnavailableError(
+                "--device cuda was asked for but torch sees no CUDA device: "
+                "use --device cpu with --memory-limit, or install a CUDA build of torch"
+            )
+        self.device = torch.device("cuda", torch.cuda.current_device() if index is None else index)
+        self._props = torch.cuda.get_device_properties(self.device)
+        self.total_bytes = int(self._props.total_memory)
+        self.limit_bytes = limit_bytes
+        self.capacity_bytes = min(self.total_bytes, limit_bytes or self.total_bytes)
+
+    def describe(self) -> DeviceInfo:
+        return DeviceInfo(
+            kind=self.kind,
+            name=self._props.name,
+            capacity_bytes=self.capacity_bytes,
+            details={
+                "total_memory_bytes": self.total_bytes,
+                "memory_limit_bytes": self.limit_bytes,
+                "compute_capability": f"{self._props.major}.{self._props.minor}",
+                "torch": torch.__version__,
+                "cuda": torch.version.cuda,
+                "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            },
+        )
+
+    def key_fields(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "name": self._props.name,
+            "total_memory_bytes": self.total_bytes,
+            "memory_limit_bytes": self.limit_bytes,
+            "compute_capability": f"{self._props.major}.{self._props.minor}",
+            "torch": torch.__version__.split("+")[0],
+            "cuda": torch.version.cuda,
+            # The allocator's settings (expandable segments, say) change reserved peaks.
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        }
+
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        if self.limit_bytes is None or self.limit_bytes >= self.total_bytes:
+            yield
+            return
+        # The allocator itself refuses to grow past the limit, as a smaller card would.
+        torch.cuda.set_per_process_memory_fraction(self.limit_bytes / self.total_bytes, self.device)
+        try:
+            yield
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+
+    def non_torch_bytes(self) -> int:
+        """``total − free − reserved``: the CUDA context, NCCL and other processes."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        reserved = torch.cuda.memory_reserved(self.device)
+        return max(0, int(total - free - reserved))
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def release_cached(self) -> None:
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    @contextmanager
+    def track(
+        self, resident: Iterable[torch.Tensor], *, enforce_capacity: bool = True
+    ) -> Iterator[PeakReading]:
+        # The allocator already knows every live block; a physical card cannot be lifted.
+        del resident, enforce_capacity
+        reading = PeakReading()
+        self.synchronize()
+        gc.collect()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        retries_before = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
+        yield reading
+        self.synchronize()
+        reading.add(
+            torch.cuda.max_memory_allocated(self.device),
+            torch.cuda.max_memory_reserved(self.device),
+        )
+        retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
+        reading.alloc_retries = int(retries - retries_before)
+
+    def end_phase(self, reading: PeakReading, phase: str) -> None:
+        self.synchronize()
+        reading.add(
+            torch.cuda.max_memory_allocated(self.device),
+            torch.cuda.max_memory_reserved(self.device),
+            phase,
+        )
+        torch.cuda.reset_peak_memory_stats(self.device)

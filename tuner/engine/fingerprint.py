@@ -1,0 +1,116 @@
+"""Stable keys for what changes memory: the workload key and the device key.
+
+A key is the SHA-256 of a canonical JSON document, so the same inputs give the same key
+in any process, and the document itself says what the key covers. Parameter values,
+learning rates and device placement do not change memory and are left out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuner.engine.backends.base import Backend
+from tuner.engine.batching import batch_tensors
+from tuner.engine.workload import Workload
+
+KEY_LENGTH = 24
+
+
+def stable_key(document: Mapping[str, Any]) -> str:
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:KEY_LENGTH]
+
+
+def workload_document(workload: Workload, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Module tree, tensors, input signature, optimizer settings, precision, checkpointing."""
+    return {
+        "modules": _module_tree(workload.model),
+        "parameters": [
+            [name, list(p.shape), str(p.dtype), p.requires_grad]
+            for name, p in workload.model.named_parameters(remove_duplicate=False)
+        ],
+        "buffers": [
+            [name, list(b.shape), str(b.dtype)]
+            for name, b in workload.model.named_buffers(remove_duplicate=False)
+        ],
+        "inputs": input_signature(workload),
+        "optimizer": optimizer_signature(optimizer, workload.model),
+        "precision": workload.precision,
+        "activation_checkpointing": workload.activation_checkpointing,
+    }
+
+
+def workload_key(workload: Workload, optimizer: torch.optim.Optimizer) -> str:
+    return stable_key(workload_document(workload, optimizer))
+
+
+def device_key(backend: Backend) -> str:
+    return stable_key(backend.key_fields())
+
+
+def _module_tree(model: nn.Module) -> list[list[str]]:
+    # extra_repr carries the configuration (features, kernel sizes, eps, ...).
+    return [
+        [name, f"{type(module).__module__}.{type(module).__qualname__}", module.extra_repr()]
+        for name, module in model.named_modules(remove_duplicate=False)
+    ]
+
+
+def input_signature(workload: Workload) -> list[list[Any]]:
+    """Shape and dtype of every batch tensor, with the sample dimension written ``"B"``.
+
+    Dimensions that differ between ``make_batch(1)`` and ``make_batch(2)`` scale with the
+    batch; every other dimension (sequence length, image size) is part of the key.
+    """
+    one = dict(batch_tensors(workload.sample_batch(1)))
+    two = dict(batch_tensors(workload.sample_batch(2)))
+    signature: list[list[Any]] = []
+    for path, tensor in one.items():
+        other = two.get(path)
+        shape: list[int | str] = [
+            "B"
+            if other is not None and other.dim() == tensor.dim() and other.shape[i] != size
+            else size
+            for i, size in enumerate(tensor.shape)
+        ]
+        signature.append([path, shape, str(tensor.dtype)])
+    return signature
+
+
+def optimizer_signature(optimizer: torch.optim.Optimizer, model: nn.Module) -> dict[str, Any]:
+    """Class, per-group settings that shape its state, and which parameters it updates.
+
+    Flags (foreach, fused, amsgrad, ...) are kept as they are. Numbers are kept only as
+    zero or non-zero: SGD keeps a momentum buffer when momentum ≠ 0, while the learning
+    rate's value never changes memory.
+    """
+    names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+    groups = []
+    for group in optimizer.param_groups:
+        # Only the optimizer's own settings: LR schedulers add keys (initial_lr, max_lr,
+        # ...) to the groups once training starts, and those never change memory.
+        settings = {
+            k: _memory_relevant(v) for k, v in sorted(group.items()) if k in optimizer.defaults
+        }
+        params = [names.get(id(p), f"<not in model: {list(p.shape)}>") for p in group["params"]]
+        groups.append({"settings": settings, "params": params})
+    cls = type(optimizer)
+    return {"class": f"{cls.__module__}.{cls.__qualname__}", "groups": groups}
+
+
+def _memory_relevant(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, int | float):
+        return "zero" if value == 0 else "nonzero"
+    if isinstance(value, list | tuple):
+        return [_memory_relevant(v) for v in value]
+    return type(value).__name__

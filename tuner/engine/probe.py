@@ -1,0 +1,219 @@
+"""One measured training step at micro batch size ``m``.
+
+A probe runs ``warmup_steps`` optimizer steps (creating optimizer state, workspaces and
+caches), then measures ``measure_steps`` more; each step accumulates gradients over
+``microbatches_per_step`` micro batches of ``m`` samples. It fits when it finishes,
+``peak reserved + non-torch ≤ (1 − headroom) × capacity``, and the allocator needed no
+retries. Running out of memory is a measurement ("does not fit"); any other exception
+propagates unchanged. Afterwards the model, optimizer, RNG and train/eval flags are as
+they were, and after an out-of-memory the device is back to its baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tuner.core.errors import WorkloadError
+from tuner.core.results import MemoryBreakdown, ProbeResult, ProbeSettings
+from tuner.engine.backends import (
+    Backend,
+    PeakReading,
+    is_out_of_memory,
+    iter_tensors,
+    storage_bytes,
+)
+from tuner.engine.batching import Batch, batch_tensors, to_device
+from tuner.engine.state import TrainingState
+from tuner.engine.workload import Workload, autocast
+
+
+def fits_budget(reading: PeakReading, *, non_torch_bytes: int, budget_bytes: int) -> bool:
+    """``peak reserved + non-torch ≤ budget`` and no allocator retries.
+
+    A retry means the caching allocator had to free its cache and try again to satisfy a
+    request: the size runs only by thrashing, and a slightly longer input would not run.
+    """
+    return reading.reserved_bytes + non_torch_bytes <= budget_bytes and reading.alloc_retries == 0
+
+
+class Prober:
+    """Runs probes of one workload on one backend. Use as a context manager: leaving it
+    puts the user's objects back one last time."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        backend: Backend,
+        *,
+        headroom: float = 0.05,
+        settings: ProbeSettings | None = None,
+    ) -> None:
+        self.workload = workload
+        self.backend = backend
+        self.settings = settings or ProbeSettings()
+        self.headroom = headroom
+        self.budget_bytes = int((1 - headroom) * backend.capacity_bytes)
+        self.model = workload.model.to(backend.device)
+        self.optimizer = workload.build_optimizer()
+        self._saved = TrainingState.capture(self.model, self.optimizer)
+
+    def __enter__(self) -> Prober:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._saved.restore()
+        self.backend.release_cached()
+
+    def __call__(self, micro_batch_size: int, *, enforce_capacity: bool = True) -> ProbeResult:
+        """Probe ``micro_batch_size``. ``enforce_capacity=False`` lets a backend that can
+        (the CPU) measure a step larger than its capacity whole, to diagnose it."""
+        started = time.perf_counter()
+        non_torch = self.backend.non_torch_bytes()
+        outcome: _StepsOutcome | None = None
+        progress = _Progress()
+        error: str | None = None
+        try:
+            outcome = self._run(micro_batch_size, progress, enforce_capacity)
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            # Keep only the text: the exception's traceback holds the step's tensors.
+            error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        finally:
+            self._saved.restore()
+        if outcome is None:
+            self.backend.release_cached()
+            return ProbeResult(
+                micro_batch_size=micro_batch_size,
+                fits=False,
+                oom=True,
+                non_torch_bytes=non_torch,
+                steps_run=progress.steps,
+                wall_time_s=time.perf_counter() - started,
+                error=error,
+            )
+        reading = outcome.reading
+        fits = fits_budget(reading, non_torch_bytes=non_torch, budget_bytes=self.budget_bytes)
+        samples = micro_batch_size * self.settings.microbatches_per_step
+        return ProbeResult(
+            micro_batch_size=micro_batch_size,
+            fits=fits,
+            peak_allocated_bytes=reading.allocated_bytes,
+            peak_reserved_bytes=reading.reserved_bytes,
+            non_torch_bytes=non_torch,
+            alloc_retries=reading.alloc_retries,
+            phase_peaks_bytes=reading.phases,
+            breakdown=outcome.breakdown,
+            step_time_s=outcome.step_time_s,
+            samples_per_second=samples / outcome.step_time_s if outcome.step_time_s > 0 else None,
+            steps_run=progress.steps,
+            wall_time_s=time.perf_counter() - started,
+        )
+
+    def _run(self, size: int, progress: _Progress, enforce_capacity: bool) -> _StepsOutcome:
+        batch = to_device(self.workload.sample_batch(size), self.backend.device)
+        self.model.train()
+        scaler = self._new_scaler()
+        track = self.backend.track
+        if self.settings.warmup_steps:
+            with track(self._resident(batch), enforce_capacity=enforce_capacity):
+                for _ in range(self.settings.warmup_steps):
+                    progress.steps += 1
+                    self._step(batch, scaler)
+        with track(self._resident(batch), enforce_capacity=enforce_capacity) as reading:
+            start = time.perf_counter()
+            for _ in range(self.settings.measure_steps):
+                progress.steps += 1
+                self._step(batch, scaler, reading)
+            self.backend.synchronize()
+            step_time = (time.perf_counter() - start) / self.settings.measure_steps
+        breakdown = self._breakdown(reading)
+        if self.backend.tracking_slows_steps:
+            # Tracking adds per-operator cost; time one step the way training runs it.
+            start = time.perf_counter()
+            progress.steps += 1
+            self._step(batch, scaler)
+            self.backend.synchronize()
+            step_time = time.perf_counter() - start
+        return _StepsOutcome(reading, breakdown, step_time)
+
+    def _step(
+        self, batch: Batch, scaler: torch.amp.GradScaler | None, reading: PeakReading | None = None
+    ) -> None:
+        """One optimizer step over ``microbatches_per_step`` micro batches. With ``reading``,
+        the peaks of its two phases are recorded apart: they grow differently with the
+        batch, and the search fits each on its own."""
+        count = self.settings.microbatches_per_step
+        self.optimizer.zero_grad(set_to_none=True)
+        for _ in range(count):
+            with self._autocast():
+                loss = self.workload.loss_fn(self.model, batch)
+            self._check_loss(loss)
+            loss = loss / count
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            del loss
+        if reading is not None:
+            self.backend.end_phase(reading, "accumulate")
+        if scaler is not None:
+            scaler.step(self.optimizer)
+            scaler.update()
+        else:
+            self.optimizer.step()
+        if reading is not None:
+            self.backend.end_phase(reading, "optimizer")
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        return autocast(self.workload.precision, self.backend.device.type)
+
+    def _new_scaler(self) -> torch.amp.GradScaler | None:
+        if self.workload.precision != "fp16":
+            return None
+        return torch.amp.GradScaler(self.backend.device.type)
+
+    def _check_loss(self, loss: object) -> None:
+        # Every loss, not only the first: per-sample losses pass at micro batch 1.
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            raise WorkloadError(
+                f"loss_fn of {self.workload.name} must return a scalar tensor that requires "
+                f"grad, got {type(loss).__name__}"
+                + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else "")
+            )
+
+    def _resident(self, batch: Batch) -> Iterator[torch.Tensor]:
+        yield from self.model.parameters()
+        yield from self.model.buffers()
+        yield from (p.grad for p in self.model.parameters() if p.grad is not None)
+        yield from iter_tensors(dict(self.optimizer.state))
+        yield from (tensor for _, tensor in batch_tensors(batch))
+
+    def _breakdown(self, reading: PeakReading) -> MemoryBreakdown:
+        params = storage_bytes(self.model.parameters())
+        grads = storage_bytes(p.grad for p in self.model.parameters() if p.grad is not None)
+        optimizer_state = storage_bytes(iter_tensors(dict(self.optimizer.state)))
+        return MemoryBreakdown(
+            parameters_bytes=params,
+            gradients_bytes=grads,
+            optimizer_state_bytes=optimizer_state,
+            activations_bytes=max(0, reading.allocated_bytes - params - grads - optimizer_state),
+            allocator_cache_bytes=max(0, reading.reserved_bytes - reading.allocated_bytes),
+        )
+
+
+@dataclass
+class _Progress:
+    """Steps started so far, readable after an out-of-memory cut a probe short."""
+
+    steps: int = 0
+
+
+@dataclass(frozen=True)
+class _StepsOutcome:
+    reading: PeakReading
+    breakdown: MemoryBreakdown
+    step_time_s: float

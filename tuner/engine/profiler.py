@@ -1,0 +1,160 @@
+"""Profile a workload: probe it, search for ``M*``, and describe the outcome."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from tuner.core.errors import BadInputError
+from tuner.core.results import (
+    AffineFit,
+    MemoryBreakdown,
+    ProbeResult,
+    ProbeSettings,
+    Profile,
+    WorkloadInfo,
+)
+from tuner.core.units import format_bytes
+from tuner.engine.backends import Backend, storage_bytes
+from tuner.engine.fingerprint import device_key, workload_key
+from tuner.engine.probe import Prober
+from tuner.engine.search import STRATEGIES, run_search
+from tuner.engine.workload import Workload
+
+DEFAULT_HEADROOM = 0.05
+DEFAULT_SIZE_CAP = 4096
+
+
+class ProbeObserver(Protocol):
+    """Told about each probe as it starts and ends (the CLI's live display)."""
+
+    def probe_started(self, micro_batch_size: int) -> None: ...
+
+    def probe_finished(self, result: ProbeResult) -> None: ...
+
+
+def validate_search_settings(*, headroom: float, size_cap: int, strategy: str) -> None:
+    if not 0 <= headroom < 1:
+        raise BadInputError(
+            f"headroom {headroom} is outside [0, 1): give the fraction of memory to keep free, "
+            "e.g. 0.05"
+        )
+    if size_cap < 1:
+        raise BadInputError(f"--max must be a positive micro batch size, got {size_cap}")
+    if strategy not in STRATEGIES:
+        raise BadInputError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
+
+
+def profile_workload(
+    workload: Workload,
+    backend: Backend,
+    *,
+    headroom: float = DEFAULT_HEADROOM,
+    strategy: str = "model",
+    size_cap: int = DEFAULT_SIZE_CAP,
+    settings: ProbeSettings | None = None,
+    observer: ProbeObserver | None = None,
+) -> Profile:
+    """Find the largest micro batch of ``workload`` that fits ``backend`` with ``headroom``.
+
+    The user's model, optimizer, RNG and train/eval flags are left as they were. When even
+    one sample does not fit, the profile says so (``max_micro_batch_size == 0``) and, on a
+    backend that can measure past its capacity, carries the full measurement at size 1 in
+    ``oversize_probe``.
+    """
+    validate_search_settings(headroom=headroom, size_cap=size_cap, strategy=strategy)
+    started = time.perf_counter()
+    with (
+        backend.session(),
+        Prober(workload, backend, headroom=headroom, settings=settings) as prober,
+    ):
+        keys = (workload_key(workload, prober.optimizer), device_key(backend))
+
+        def observed_probe(size: int) -> ProbeResult:
+            if observer is not None:
+                observer.probe_started(size)
+            result = prober(size)
+            if observer is not None:
+                observer.probe_finished(result)
+            return result
+
+        outcome = run_search(
+            strategy, observed_probe, cap=size_cap, budget_bytes=prober.budget_bytes
+        )
+        oversize = None
+        if outcome.max_micro_batch_size == 0 and outcome.probes[0].oom and backend.kind == "cpu":
+            oversize = prober(1, enforce_capacity=False)
+    measured = [(p.micro_batch_size, p.footprint_bytes) for p in outcome.probes]
+    return Profile(
+        workload_key=keys[0],
+        device_key=keys[1],
+        workload=WorkloadInfo(
+            name=workload.name,
+            target=workload.target,
+            precision=workload.precision,
+            activation_checkpointing=workload.activation_checkpointing,
+            parameter_count=sum(p.numel() for p in workload.model.parameters()),
+            optimizer=type(prober.optimizer).__name__,
+        ),
+        device=backend.describe(),
+        headroom=headroom,
+        budget_bytes=prober.budget_bytes,
+        strategy=strategy,
+        size_cap=size_cap,
+        max_micro_batch_size=outcome.max_micro_batch_size,
+        probes=outcome.probes,
+        oversize_probe=oversize,
+        fit=AffineFit.through([(m, y) for m, y in measured if y is not None]),
+        settings=prober.settings,
+        wall_time_s=time.perf_counter() - started,
+    )
+
+
+def nothing_fits_advice(profile: Profile, workload: Workload) -> str:
+    """Why even one sample does not fit, with the measured breakdown, and what would help."""
+    probe = profile.oversize_probe or profile.probes[0]
+    breakdown = probe.breakdown
+    lines = [
+        f"Even a micro batch of 1 does not fit in {format_bytes(profile.budget_bytes)} "
+        f"({1 - profile.headroom:.0%} of {format_bytes(profile.device.capacity_bytes)})."
+    ]
+    if breakdown is not None and probe.footprint_bytes is not None:
+        lines.append(
+            f"Measured at micro batch 1: {format_bytes(probe.footprint_bytes)} in all, "
+            + _breakdown_text(breakdown)
+            + "."
+        )
+    else:
+        params = storage_bytes(workload.model.parameters())
+        grads = storage_bytes(p for p in workload.model.parameters() if p.requires_grad)
+        lines.append(
+            f"The step ran out of memory before finishing; parameters alone take "
+            f"{format_bytes(params)} and their gradients {format_bytes(grads)}."
+        )
+    lines.append("What would help: " + "; ".join(_remedies(workload, breakdown)) + ".")
+    return "\n".join(lines)
+
+
+def _breakdown_text(breakdown: MemoryBreakdown) -> str:
+    parts = [
+        ("parameters", breakdown.parameters_bytes),
+        ("gradients", breakdown.gradients_bytes),
+        ("optimizer state", breakdown.optimizer_state_bytes),
+        ("activations and temporaries", breakdown.activations_bytes),
+    ]
+    return ", ".join(f"{name} {format_bytes(size)}" for name, size in parts)
+
+
+def _remedies(workload: Workload, breakdown: MemoryBreakdown | None) -> list[str]:
+    remedies = []
+    if not workload.activation_checkpointing:
+        remedies.append("activation checkpointing (recompute activations in backward)")
+    if workload.precision == "fp32":
+        remedies.append("bf16 autocast (halves activations)")
+    if breakdown is None or breakdown.optimizer_state_bytes > 0:
+        remedies.append(
+            "a lighter optimizer (SGD without momentum keeps no state; AdamW keeps two copies "
+            "of the weights)"
+        )
+    remedies.append("a device with more memory, or sharding the model across devices")
+    return remedies

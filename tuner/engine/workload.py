@@ -1,0 +1,177 @@
+"""A workload: one training step, described once by the user.
+
+A target ``package.module:function`` names a factory that returns a :class:`Workload`.
+Keyword options given on the command line (``-o precision=bf16``) are passed to it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import torch
+from torch import nn
+
+from tuner.core.errors import WorkloadError
+from tuner.engine.batching import Batch, batch_size_of
+
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(precision: str, device_type: str) -> AbstractContextManager[Any]:
+    """Autocast in the precision's dtype on ``device_type``; nothing for fp32."""
+    dtype = _AUTOCAST_DTYPES.get(precision)
+    if dtype is None:
+        return nullcontext()
+    return torch.autocast(device_type, dtype=dtype)
+
+
+OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
+LossFn = Callable[[nn.Module, Batch], torch.Tensor]
+
+
+@dataclass(kw_only=True)
+class Workload:
+    """What we need to run a user's training step at any micro batch size.
+
+    Attributes:
+        model: the module to train.
+        optimizer: an optimizer over ``model``'s parameters, or a factory called with
+            ``model.parameters()`` once the model is on the probe device.
+        make_batch: ``make_batch(n)`` returns ``n`` samples at the worst-case shape
+            (the longest sequence, the largest image) so that a probe measures the peak.
+        loss_fn: ``loss_fn(model, batch)`` runs forward and returns the scalar loss,
+            averaged over the batch's loss units.
+        loss_units: the number of units ``loss_fn`` averages over (tokens that are not
+            padding, say); ``None`` means samples. Accumulation weights by it.
+        precision: ``fp32``, or autocast in ``bf16``, or ``fp16`` with a GradScaler.
+        activation_checkpointing: whether ``model`` recomputes activations in backward.
+            The model applies it; the flag is part of the workload key.
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | OptimizerFactory
+    make_batch: Callable[[int], Batch]
+    loss_fn: LossFn
+    loss_units: Callable[[Batch], int] | None = None
+    precision: Precision = "fp32"
+    activation_checkpointing: bool = False
+    name: str = ""
+    target: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, nn.Module):
+            raise WorkloadError(
+                f"Workload.model must be a torch.nn.Module, got {type(self.model).__name__}"
+            )
+        if self.precision not in PRECISIONS:
+            raise WorkloadError(
+                f"unknown precision {self.precision!r}: use one of {', '.join(PRECISIONS)}"
+            )
+        if not (isinstance(self.optimizer, torch.optim.Optimizer) or callable(self.optimizer)):
+            raise WorkloadError(
+                "Workload.optimizer must be a torch.optim.Optimizer or a factory taking "
+                "model.parameters()"
+            )
+        for name in ("make_batch", "loss_fn"):
+            if not callable(getattr(self, name)):
+                raise WorkloadError(f"Workload.{name} must be callable")
+        if not self.name:
+            self.name = type(self.model).__name__
+
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer instance, creating it from the factory on first use."""
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            built = self.optimizer(self.model.parameters())
+            if not isinstance(built, torch.optim.Optimizer):
+                raise WorkloadError(
+                    "the optimizer factory must return a torch.optim.Optimizer, "
+                    f"got {type(built).__name__}"
+                )
+            self.optimizer = built
+        return self.optimizer
+
+    def sample_batch(self, size: int) -> Batch:
+        """``make_batch(size)``, checked to hold ``size`` samples."""
+        batch = self.make_batch(size)
+        try:
+            actual = batch_size_of(batch)
+        except ValueError as exc:
+            raise WorkloadError(f"make_batch({size}) of {self.name}: {exc}") from None
+        if actual != size:
+            raise WorkloadError(
+                f"make_batch({size}) of {self.name} returned {actual} samples: "
+                "it must return exactly the number of samples asked for"
+            )
+        return batch
+
+
+def parse_options(pairs: list[str]) -> dict[str, object]:
+    """``["precision=bf16", "layers=4"]`` → ``{"precision": "bf16", "layers": 4}``.
+
+    Values are read as JSON when they parse (numbers, true/false, null) and as strings
+    otherwise.
+    """
+    options: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise WorkloadError(f"option {pair!r} must look like name=value, e.g. precision=bf16")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
+
+
+def load_workload(target: str, options: Mapping[str, object] | None = None) -> Workload:
+    """Import ``package.module:function`` and call it with ``options`` to get a Workload."""
+    module_name, sep, attr = target.partition(":")
+    # Every dotted part must be a name: importlib takes ".mod" as a relative import and
+    # raises TypeError instead of ImportError.
+    if not sep or not attr or not all(part.isidentifier() for part in module_name.split(".")):
+        raise WorkloadError(
+            f"target {target!r} must look like package.module:function, e.g. examples.mlp:workload"
+        )
+    # Like `python -m`, look in the current directory first: that is where a user's
+    # training code lives when they run `tuner profile mymodule:workload`.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise WorkloadError(
+            f"cannot import {module_name!r} for target {target!r}: {exc}; "
+            "check the name and that the package is on PYTHONPATH"
+        ) from None
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise WorkloadError(f"module {module_name!r} has no attribute {attr!r} (target {target!r})")
+    if isinstance(factory, Workload):
+        workload = factory
+    elif callable(factory):
+        options = dict(options or {})
+        try:
+            inspect.signature(factory).bind(**options)
+        except TypeError as exc:
+            raise WorkloadError(f"options {options} do not fit {target}: {exc}") from None
+        workload = factory(**options)
+    else:
+        raise WorkloadError(f"{target!r} is neither a Workload nor a function returning one")
+    if not isinstance(workload, Workload):
+        raise WorkloadError(
+            f"{target} returned {type(workload).__name__}, not a tuner.Workload: "
+            "return Workload(model=..., optimizer=..., make_batch=..., loss_fn=...)"
+        )
+    workload.target = target
+    return workload

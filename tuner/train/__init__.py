@@ -1,0 +1,5 @@
+"""The training-loop side: the accumulating loop (``accumulate``), ``plan_training``
+(``planning``: look up, else profile, then plan) and the framework integrations.
+
+    global batch = micro batch × accumulation steps × world size
+"""

@@ -1,0 +1,254 @@
+"""One call for a training script: the micro batch and accumulation steps for this
+workload on this device, measured once and remembered by the service.
+
+    global batch = micro batch × accumulation steps × world size
+
+::
+
+    from tuner.train.accumulate import Accumulator
+    from tuner.client import TunerClient
+    from tuner.train.planning import plan_training
+
+    with TunerClient() as client:                       # TUNER_URL, TUNER_TOKEN
+        plan = plan_training(workload, global_batch_size=512, device="cuda", client=client)
+        accumulator = Accumulator.for_workload(
+            workload, plan.micro_batch_size, on_oom=client.oom_reporter(plan)
+        )
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import JsonValue
+
+from tuner.client import (
+    CachedRecommendation,
+    Fallback,
+    OfflineRecommendation,
+    TunerClient,
+    TunerOfflineWarning,
+)
+from tuner.core import plan as plans
+from tuner.core.errors import (
+    BadInputError,
+    NotFoundError,
+    NothingFitsError,
+    ServiceUnavailableError,
+    TunerError,
+)
+from tuner.core.results import Profile
+from tuner.engine.backends import Backend, make_backend
+from tuner.engine.fingerprint import device_key, workload_key
+from tuner.engine.profiler import (
+    DEFAULT_HEADROOM,
+    DEFAULT_SIZE_CAP,
+    nothing_fits_advice,
+    profile_workload,
+)
+from tuner.engine.workload import Workload
+
+Missing = Literal["profile", "queue", "fail"]
+MISSING: tuple[str, ...] = ("profile", "queue", "fail")
+
+
+def training_backend(device: str | None, memory_limit_bytes: int | None) -> Backend:
+    """The backend profiles of this run are measured on: ``device`` (default ``cuda`` when
+    there is one, else ``cpu``, which needs ``memory_limit_bytes``)."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu" and memory_limit_bytes is None:
+        raise BadInputError(
+            "device='cpu' needs memory_limit_bytes=..., the memory the step must fit in "
+            "(on CPU every live tensor byte is counted against it)"
+        )
+    return make_backend(device, memory_limit_bytes=memory_limit_bytes)
+
+
+def plan_training(
+    workload: Workload,
+    *,
+    global_batch_size: int,
+    world_size: int = 1,
+    device: str | None = None,
+    memory_limit_bytes: int | None = None,
+    headroom: float = DEFAULT_HEADROOM,
+    policy: str = "max",
+    missing: Missing = "profile",
+    client: TunerClient | None = None,
+    fallback: Fallback | None = None,
+    strategy: str = "model",
+    size_cap: int = DEFAULT_SIZE_CAP,
+    options: Mapping[str, JsonValue] | None = None,
+    job_timeout: float = 3600.0,
+    poll_interval: float = 5.0,
+) -> plans.Recommendation:
+    """Micro batch and accumulation steps for ``workload`` on this device.
+
+    global batch = micro batch × accumulation steps × world size
+
+    The workload key and device key are computed here (the optimizer factory is called
+    once, as profiling does). The service is asked for a recommendation; when it has no
+    profile of this workload on this device (it has none, or only an estimate from
+    another device), ``missing`` says what happens:
+
+    - ``"profile"``: profile it in this process (the model, optimizer, RNG and train/eval
+      flags are left as they were), upload the profile, and ask again.
+    - ``"queue"``: queue a profiling job of ``workload.target`` (with ``options``) for a
+      worker on this device and wait up to ``job_timeout`` seconds for it.
+    - ``"fail"``: return the estimate if there is one, else raise ``NotFoundError``.
+
+    When the service cannot be reached the client answers from its offline cache, or with
+    ``fallback``, with one warning; failing both, ``"profile"`` measures here and plans from
+    that profile, and the other modes raise ``ServiceUnavailableError``. ``client`` defaults
+    to ``TunerClient()`` (``TUNER_URL``, ``TUNER_TOKEN``).
+
+    Under torch.distributed, plan on one rank and broadcast the answer: ranks that each
+    profile measure their own device, and their answers need not agree.
+    """
+    if missing not in MISSING:
+        raise BadInputError(f"missing={missing!r}: use one of {', '.join(MISSING)}")
+    backend = training_backend(device, memory_limit_bytes)
+    owned = client is None
+    client = client or TunerClient()
+    planner = _Planner(
+        client=client,
+        workload=workload,
+        backend=backend,
+        workload_key=workload_key(workload, workload.build_optimizer()),
+        device_key=device_key(backend),
+        global_batch_size=global_batch_size,
+        world_size=world_size,
+        policy=policy,
+        fallback=fallback,
+        headroom=headroom,
+        strategy=strategy,
+        size_cap=size_cap,
+        memory_limit_bytes=memory_limit_bytes,
+        options=options,
+    )
+    try:
+        try:
+            answer = planner.ask()
+        except NotFoundError:
+            if missing == "fail":
+                raise
+        except ServiceUnavailableError:
+            if missing != "profile":
+                raise
+            return planner.profile_here()
+        else:
+            # Offline answers are kept as they are: nothing measured here could be uploaded.
+            offline = isinstance(answer, CachedRecommendation | OfflineRecommendation)
+            if offline or answer.basis == "measured" or missing == "fail":
+                return answer
+        if missing == "queue":
+            return planner.queue_and_wait(timeout=job_timeout, poll=poll_interval)
+        return planner.profile_here()
+    finally:
+        if owned:
+            client.close()
+
+
+@dataclass(frozen=True)
+class _Planner:
+    """One question about one workload on one backend, and the ways to answer it."""
+
+    client: TunerClient
+    workload: Workload
+    backend: Backend
+    workload_key: str
+    device_key: str
+    global_batch_size: int
+    world_size: int
+    policy: str
+    fallback: Fallback | None
+    headroom: float
+    strategy: str
+    size_cap: int
+    memory_limit_bytes: int | None
+    options: Mapping[str, JsonValue] | None
+
+    def ask(self, fallback: Fallback | None = None) -> plans.Recommendation:
+        return self.client.recommend(
+            workload=self.workload_key,
+            device=self.device_key,
+            global_batch_size=self.global_batch_size,
+            world_size=self.world_size,
+            policy=self.policy,
+            fallback=fallback if fallback is not None else self.fallback,
+        )
+
+    def profile_here(self) -> plans.Recommendation:
+        """Profile in this process, upload, and ask again; plan here if the service is out
+        of reach (warning once)."""
+        profile = profile_workload(
+            self.workload,
+            self.backend,
+            headroom=self.headroom,
+            strategy=self.strategy,
+            size_cap=self.size_cap,
+        )
+        try:
+            self.client.upload_profile(profile)  # even when nothing fits: that is known now
+        except ServiceUnavailableError as exc:
+            outage: ServiceUnavailableError | None = exc
+        else:
+            outage = None
+        if profile.max_micro_batch_size == 0:
+            raise NothingFitsError(nothing_fits_advice(profile, self.workload))
+        local = self._local_plan(profile)
+        if outage is None:
+            return self.ask(fallback=local)
+        self.client.warn_once(
+            ("upload", self.workload_key, self.device_key),
+            f"{outage.message}; the profile measured here (M* = "
+            f"{profile.max_micro_batch_size}) was not uploaded, so this run plans from it "
+            "alone: the next run will measure again unless the service is back",
+            TunerOfflineWarning,
+            stacklevel=3,
+        )
+        return local.model_copy(update={"offline_reason": outage.message})
+
+    def _local_plan(self, profile: Profile) -> OfflineRecommendation:
+        """The plan from ``profile`` by the service's own rule (``plan.recommend_measured``)."""
+        chosen = plans.recommend_measured(
+            max_micro_batch_size=profile.max_micro_batch_size,
+            probes=profile.probes,
+            capacity_bytes=profile.device.capacity_bytes,
+            global_batch_size=self.global_batch_size,
+            world_size=self.world_size,
+            policy=self.policy,
+        )
+        return OfflineRecommendation(
+            **chosen.model_dump(),
+            workload=self.workload_key,
+            device=self.device_key,
+            offline_reason="",
+        )
+
+    def queue_and_wait(self, *, timeout: float, poll: float) -> plans.Recommendation:
+        """Queue a profiling job for a worker on this device, wait, and ask again."""
+        target = self.workload.target
+        if target is None:
+            raise BadInputError(
+                "missing='queue' needs a workload a worker can import: load it with "
+                "load_workload('package.module:function', options), or use missing='profile'"
+            )
+        job = self.client.queue_job(
+            target,
+            device=self.device_key,
+            options=self.options,
+            memory_limit_bytes=self.memory_limit_bytes,
+            headroom=self.headroom,
+            strategy=self.strategy,
+            size_cap=self.size_cap,
+        )
+        done = self.client.wait_for_job(job.id, timeout=timeout, poll=poll)
+        if done.status == "failed":
+            raise TunerError(
+                f"profiling job {done.id} of {target} on {self.device_key} failed: {done.error}"
+            )
+        return self.ask()

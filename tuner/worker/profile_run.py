@@ -1,0 +1,191 @@
+"""One job's ``tuner profile`` run in a subprocess, and what its exit status says.
+
+A subprocess, so that a workload that crashes, hangs or exhausts the host's memory takes
+down only itself. Output goes to files, not pipes: a chatty workload can never block on a
+full pipe, and nobody has to read while waiting. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import IO, Any
+
+from tuner.core.results import ProbeResult, Profile
+
+EXIT_MEANINGS = {
+    1: "the workload raised an error that is not an out-of-memory",
+    2: "the job's target, options or settings are unusable here",
+}
+STDERR_TAIL_LINES = 30
+STDERR_TAIL_BYTES = 8192
+# An ended profile gets this long to exit on SIGTERM before SIGKILL.
+TERMINATE_GRACE_S = 5.0
+WAIT_STEP_S = 0.2
+
+# `tuner profile` flag for each job setting.
+SETTING_FLAGS = {
+    "memory_limit_bytes": "--memory-limit",
+    "headroom": "--headroom",
+    "strategy": "--strategy",
+    "size_cap": "--max",
+    "warmup_steps": "--warmup-steps",
+}
+
+
+def profile_command(
+    target: str,
+    *,
+    options: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    device: str,
+    memory_limit_bytes: int | None,
+) -> list[str]:
+    """The ``tuner profile`` command line for a job on ``device``.
+
+    ``python -m`` puts the working directory first on ``sys.path``, as for the user's own
+    ``tuner profile``. A job's memory limit overrides the worker's.
+    """
+    chosen = dict(settings)
+    if chosen.get("memory_limit_bytes") is None and memory_limit_bytes is not None:
+        chosen["memory_limit_bytes"] = memory_limit_bytes
+    command = [sys.executable, "-m", "tuner.cli", "profile", target, "--json"]
+    command += ["--device", device]
+    for name, flag in SETTING_FLAGS.items():
+        value = chosen.get(name)
+        if value is not None:
+            command += [flag, str(value)]
+    for name, value in options.items():
+        # `tuner profile` reads option values as JSON, so strings keep their quotes.
+        command += ["-o", f"{name}={json.dumps(value)}"]
+    return command
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished subprocess: ``returncode`` is None when it was ended (timed out or
+    cancelled) rather than exiting by itself."""
+
+    returncode: int | None
+    stdout: str
+    stderr_tail: str
+    cancelled: bool = False
+
+
+def run_profile(command: list[str], *, timeout: float, cancelled: Callable[[], bool]) -> Run:
+    """Run ``command`` until it exits, ``timeout`` seconds pass, or ``cancelled()`` turns
+    true (asked every fraction of a second); in the last two cases the process is ended.
+
+    The subprocess stays in the caller's process group: whatever kills the worker's group
+    (a terminal's Ctrl-C, a supervisor) kills the profile too, and leaves no orphan.
+    """
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr)
+        deadline = time.monotonic() + timeout
+        returncode: int | None = None
+        stopped = False
+        while True:
+            try:
+                returncode = process.wait(timeout=WAIT_STEP_S)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            stopped = cancelled()
+            if stopped or time.monotonic() > deadline:
+                _end(process)
+                break
+        stdout.seek(0)
+        return Run(
+            returncode=returncode,
+            stdout=stdout.read().decode(errors="replace"),
+            stderr_tail=tail_of(stderr),
+            cancelled=stopped,
+        )
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after a grace period; wait for the process either way."""
+    process.terminate()
+    try:
+        process.wait(timeout=TERMINATE_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def tail_of(stream: IO[bytes]) -> str:
+    """The last lines of a captured stream, bounded in size."""
+    stream.seek(0, os.SEEK_END)
+    size = stream.tell()
+    stream.seek(max(0, size - STDERR_TAIL_BYTES))
+    text = stream.read().decode(errors="replace")
+    return "\n".join(text.strip().splitlines()[-STDERR_TAIL_LINES:])
+
+
+def profile_from_output(stdout: str) -> Profile:
+    """The profile ``tuner profile --json`` printed: its last line that is a JSON object.
+
+    Earlier lines may be the workload's own prints. Computed fields in the printed JSON
+    (``peak_bytes``) are dropped before validation, since the schema computes them.
+    """
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise ValueError("tuner profile printed no JSON profile on stdout")
+    document = json.loads(lines[-1])
+    for name in ("micro_batch_size", "grad_accum", "recommendation"):
+        document.pop(name, None)  # present only with --global-batch-size
+    probes = [*document.get("probes", []), document.get("oversize_probe")]
+    for probe in probes:
+        if isinstance(probe, dict):
+            for computed in ProbeResult.model_computed_fields:
+                probe.pop(computed, None)
+    return Profile.model_validate(document)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one job run: a profile, or a failure and whether to retry it."""
+
+    profile: Profile | None = None
+    reason: str | None = None
+    retryable: bool = False
+
+
+def outcome_of(run: Run, *, timeout: float) -> Outcome:
+    """Judge a run that was not cancelled (``returncode`` None: it timed out)."""
+    returncode = run.returncode
+    tail = f"\n{run.stderr_tail}" if run.stderr_tail else ""
+    if returncode is None:
+        return Outcome(
+            reason=f"tuner profile did not finish within {timeout:g} s and was killed "
+            f"(a hang, or a job too big for --job-timeout){tail}",
+            retryable=True,
+        )
+    if returncode in (0, 3):
+        try:
+            return Outcome(profile=profile_from_output(run.stdout))
+        except ValueError as exc:
+            return Outcome(reason=f"tuner profile exited {returncode} but {exc}{tail}")
+    if returncode in EXIT_MEANINGS:
+        return Outcome(
+            reason=f"tuner profile exited {returncode}: {EXIT_MEANINGS[returncode]}{tail}"
+        )
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        return Outcome(
+            reason=f"tuner profile was killed by {name} (a crash in native code, or the "
+            f"kernel's out-of-memory killer){tail}",
+            retryable=True,
+        )
+    return Outcome(
+        reason=f"tuner profile exited {returncode}, a status it never uses: the process "
+        f"crashed or the workload exited it{tail}",
+        retryable=True,
+    )
