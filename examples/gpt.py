@@ -3,6 +3,10 @@
 Sequences are padded to ``seq_len`` (the worst case a data loader produces); padded
 positions carry the label ``IGNORE_INDEX`` so that the loss averages over real tokens
 only. ``loss_units`` counts those tokens, which is what accumulation must weight by.
+
+``-o parallel=ddp`` or ``-o parallel=fsdp`` declares the data-parallel variant (FSDP
+shards each block, then the whole model); ``make_batch(n, rank=r)`` draws rank r's own
+samples, so that ranks never train on the same ones.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from tuner.engine.workload import Precision, Workload
+from tuner.core.parallel import Parallel, ParallelMode
+from tuner.engine.workload import Precision, ShardFn, Workload
 
 IGNORE_INDEX = -100
 
@@ -71,6 +76,14 @@ class TinyGpt(nn.Module):
         return self.head(self.norm(x))  # type: ignore[no-any-return]
 
 
+def shard_blocks(model: nn.Module, fully_shard: ShardFn) -> None:
+    """FSDP the usual way for a transformer: each block is one unit, then the root (the
+    embeddings, the final norm and the tied head)."""
+    for block in model.blocks:  # type: ignore[union-attr]
+        fully_shard(block)
+    fully_shard(model)
+
+
 def workload(
     *,
     vocab: int = 2048,
@@ -81,6 +94,7 @@ def workload(
     precision: Precision = "fp32",
     checkpointing: bool = False,
     fused: bool = False,
+    parallel: ParallelMode = "none",
 ) -> Workload:
     """TinyGpt trained with AdamW on next-token prediction, batches padded to ``seq_len``."""
     torch.manual_seed(0)
@@ -93,11 +107,14 @@ def workload(
         checkpointing=checkpointing,
     )
 
-    def make_batch(n: int) -> dict[str, torch.Tensor]:
-        input_ids = torch.randint(0, vocab, (n, seq_len))
+    def make_batch(n: int, rank: int = 0) -> dict[str, torch.Tensor]:
+        # Rank 0 draws from the global generator (reproducible with torch.manual_seed);
+        # other ranks from one seeded by their rank, so each sees samples of its own.
+        generator = torch.Generator().manual_seed(rank) if rank else None
+        input_ids = torch.randint(0, vocab, (n, seq_len), generator=generator)
         labels = input_ids.roll(-1, dims=1)
         # Ragged real lengths, at least half the context; the rest is padding.
-        lengths = torch.randint(math.ceil(seq_len / 2), seq_len + 1, (n, 1))
+        lengths = torch.randint(math.ceil(seq_len / 2), seq_len + 1, (n, 1), generator=generator)
         padding = torch.arange(seq_len).expand(n, seq_len) >= lengths
         labels[:, -1] = IGNORE_INDEX
         labels[padding] = IGNORE_INDEX
@@ -122,4 +139,6 @@ def workload(
         loss_units=loss_units,
         precision=precision,
         activation_checkpointing=checkpointing,
+        parallel=Parallel(mode=parallel),
+        shard=shard_blocks,
     )

@@ -141,3 +141,23 @@ def not_a_workload() -> dict[str, str]:
 NOT_CALLABLE = 42
 
 PREBUILT = tiny(width=8)
+
+
+def oom_on_rank_one(*, above: int = 3) -> Workload:
+    """The small GPT under DDP, whose rank 1 alone runs out of memory in the forward of a
+    micro batch larger than ``above``: the other rank goes on into the step's all-reduce
+    and would wait there for ever if nobody ended it."""
+    import torch.distributed as dist
+
+    from examples.gpt import workload as gpt
+
+    workload = gpt(layers=1, dim=32, heads=2, vocab=128, seq_len=8, parallel="ddp")
+    inner = workload.loss_fn
+
+    def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if dist.get_rank() == 1 and batch["input_ids"].shape[0] > above:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return inner(model, batch)
+
+    workload.loss_fn = loss_fn
+    return workload

@@ -19,6 +19,7 @@ from tuner.core.errors import (
     TunerError,
     WorkloadError,
 )
+from tuner.core.parallel import Parallel
 from tuner.core.plan import Recommendation, recommend
 from tuner.core.results import AffineFit, MemoryBreakdown, ProbeResult, Profile
 
@@ -37,6 +38,7 @@ __all__ = [
     "DeviceUnavailableError",
     "MemoryBreakdown",
     "NothingFitsError",
+    "Parallel",
     "ProbeResult",
     "Profile",
     "Recommendation",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from api.schemas.common import (
     INT64_MAX,
@@ -40,6 +40,7 @@ class MemoryBreakdownCreate(results.MemoryBreakdown):
     # The peak less the resident parts: measurement noise can make it slightly negative.
     activations_bytes: SignedInt64
     allocator_cache_bytes: Int64 = 0
+    communication_bytes: Int64 = 0
 
 
 class ProbeCreate(results.ProbeResult):
@@ -89,6 +90,18 @@ class ProfileCreate(results.Profile):
     settings: ProbeSettingsCreate
     wall_time_s: NonNegativeFloat
     created_at: Timestamp = Field(default_factory=lambda: datetime.now(UTC))
+
+    @model_validator(mode="after")
+    def _one_process_only(self) -> ProfileCreate:
+        # The store's tables have no world size or parallel mode yet: a profile measured on
+        # W ranks stored as a one-process one would answer for runs it does not describe.
+        if self.world_size != 1 or self.parallel.mode != "none":
+            raise ValueError(
+                f"this profile was measured on {self.world_size} ranks under "
+                f"{self.parallel.mode}; the store keeps one-process profiles only for now: "
+                "keep the JSON that tuner profile --json printed"
+            )
+        return self
 
 
 class ProfilePublic(ProfileCreate):

@@ -419,3 +419,17 @@ def test_the_openapi_document_lists_every_resource(http: httpx.Client) -> None:
         "/api/v1/oom-reports",
     ):
         assert path in paths
+
+
+def test_a_profile_measured_on_several_ranks_is_refused_until_the_store_keeps_world_sizes(
+    http: httpx.Client,
+) -> None:
+    from tuner.core.parallel import Parallel
+
+    document = sample_profile().model_copy(
+        update={"world_size": 2, "parallel": Parallel(mode="ddp")}
+    )
+    response = http.post("/api/v1/profiles", json=document.model_dump(mode="json"))
+    assert response.status_code == 422
+    assert "one-process profiles only" in response.text
+    assert http.get("/api/v1/profiles").json()["count"] == 0

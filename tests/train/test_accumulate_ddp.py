@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.accumulate_helpers import full_batch_gradients, relative_difference, tiny_gpt
-from tests.ddp_ranks import STEPS, global_batch, run_rank
+from tests.ddp_ranks import STEPS, global_batch, run_rank, run_ranks
 from tests.services import free_port
 
 WORLD = 2
@@ -18,21 +17,13 @@ TIMEOUT_S = 120
 
 
 def _run(tmp_path, sync: str, oom_on_rank0_above: int = 10**9) -> list[dict]:
-    context = mp.start_processes(
+    return run_ranks(
         run_rank,
-        args=(WORLD, free_port(), str(tmp_path), sync, oom_on_rank0_above),
-        nprocs=WORLD,
-        join=False,
-        start_method="spawn",
+        (WORLD, free_port(), str(tmp_path), sync, oom_on_rank0_above),
+        tmp_path,
+        world=WORLD,
+        timeout_s=TIMEOUT_S,
     )
-    for _ in range(TIMEOUT_S):
-        if context.join(timeout=1):
-            break
-    else:
-        for process in context.processes:
-            process.kill()
-        pytest.fail(f"DDP ranks did not finish within {TIMEOUT_S} s")
-    return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
 
 
 @pytest.fixture(scope="module")

@@ -83,14 +83,58 @@ class LiveProgress:
         return Group(*parts)
 
 
+def ranks_line(profile: Profile, world_size: int = 1) -> str:
+    """Where the probes ran: W ranks under DDP/FSDP, or one process (and what that means
+    when the plan is for more than one rank)."""
+    if profile.parallel.distributed:
+        return f"measured on {profile.world_size} ranks, {profile.parallel.describe()}"
+    if world_size > 1:
+        return (
+            f"measured in one process; for {world_size} ranks the plan only divides the "
+            "batch (DDP's gradient buckets or FSDP's shards are not in it: use --parallel "
+            "ddp|fsdp to measure them)"
+        )
+    return "measured in one process"
+
+
+def rank_table(probe: ProbeResult) -> Table:
+    """Each rank's peak and where it went, for the probe at ``M*``."""
+    table = Table(title=f"Per rank at micro batch {probe.micro_batch_size}", title_justify="left")
+    columns = ("rank", "peak", "parameters", "gradients", "optimizer", "communication", "other")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for rank, (peak, parts) in enumerate(
+        zip(probe.rank_peaks_bytes, probe.rank_breakdowns, strict=False)
+    ):
+        table.add_row(
+            str(rank),
+            format_bytes(peak),
+            format_bytes(parts.parameters_bytes),
+            format_bytes(parts.gradients_bytes),
+            format_bytes(parts.optimizer_state_bytes),
+            format_bytes(parts.communication_bytes),
+            format_bytes(parts.activations_bytes),
+        )
+    return table
+
+
 def print_profile(
-    console: Console, profile: Profile, recommendation: Recommendation | None
+    console: Console,
+    profile: Profile,
+    recommendation: Recommendation | None,
+    *,
+    world_size: int = 1,
+    advice: list[str] | None = None,
 ) -> None:
     device = profile.device
     console.print(probe_table(profile.probes, title=f"Probes ({profile.strategy} search)"))
+    at_max = profile.probe_at(profile.max_micro_batch_size)
+    if at_max is not None and at_max.rank_breakdowns:
+        console.print(rank_table(at_max))
     console.print(
         f"workload  {profile.workload.name} ({profile.workload_key})\n"
         f"device    {device.kind} {device.name} ({profile.device_key})\n"
+        f"ranks     {ranks_line(profile, world_size)}\n"
         f"memory    capacity {format_bytes(device.capacity_bytes)}, "
         f"budget {format_bytes(profile.budget_bytes)} ({profile.headroom:.0%} headroom)",
         highlight=False,
@@ -116,3 +160,5 @@ def print_profile(
             + recommendation.describe(),
             highlight=False,
         )
+    for line in advice or []:
+        console.print(f"advice    {line}", highlight=False)

@@ -74,6 +74,13 @@ class ServiceUnavailableError(TunerError):
     code = "unavailable"
 
 
+class RankFailedError(TunerError):
+    """A rank of a profile at world size W raised an error that is not an out-of-memory,
+    died, or did not answer in time; the message carries its traceback or exit status."""
+
+    code = "rank_failed"
+
+
 ERRORS_BY_CODE: dict[str, type[TunerError]] = {
     cls.code: cls
     for cls in (
@@ -87,5 +94,6 @@ ERRORS_BY_CODE: dict[str, type[TunerError]] = {
         AuthenticationError,
         PermissionDeniedError,
         ServiceUnavailableError,
+        RankFailedError,
     )
 }

@@ -9,25 +9,40 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
+from tuner.core.parallel import Parallel
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class MemoryBreakdown(_Frozen):
-    """Where the peak went. ``activations_bytes`` is the peak less the three resident parts,
-    so it holds activations and every temporary alive at the peak."""
+    """Where the peak went, on one rank. ``activations_bytes`` is the peak less the resident
+    parts, so it holds activations and every temporary alive at the peak (FSDP's
+    all-gathered parameters among them). Under FSDP parameters, gradients and optimizer
+    state are this rank's shards; under DDP they are whole.
+
+    ``communication_bytes`` is what the parallel wrapper keeps between micro batches: DDP's
+    bucket copy of the gradients (none when gradients are bucket views zeroed in place), or
+    FSDP's unsharded gradients held for accumulation when it syncs on the last micro batch.
+    """
 
     parameters_bytes: int
     gradients_bytes: int
     optimizer_state_bytes: int
     activations_bytes: int
     allocator_cache_bytes: int = 0
+    communication_bytes: int = 0
 
     @property
     def resident_bytes(self) -> int:
         """Bytes that do not depend on the micro batch size."""
-        return self.parameters_bytes + self.gradients_bytes + self.optimizer_state_bytes
+        return (
+            self.parameters_bytes
+            + self.gradients_bytes
+            + self.optimizer_state_bytes
+            + self.communication_bytes
+        )
 
 
 class ProbeResult(_Frozen):
@@ -51,6 +66,13 @@ class ProbeResult(_Frozen):
         "backward of every micro batch) and 'optimizer' (the optimizer step)",
     )
     breakdown: MemoryBreakdown | None = None
+    rank_peaks_bytes: list[int] = Field(
+        default_factory=list,
+        description="at a world size: each rank's reserved peak (peak_bytes is the largest)",
+    )
+    rank_breakdowns: list[MemoryBreakdown] = Field(
+        default_factory=list, description="at a world size: each rank's breakdown"
+    )
     step_time_s: float | None = None
     samples_per_second: float | None = None
     steps_run: int = 0
@@ -158,6 +180,8 @@ class Profile(_Frozen):
     )
     fit: AffineFit | None
     settings: ProbeSettings
+    world_size: int = Field(default=1, ge=1, description="ranks the probes ran on")
+    parallel: Parallel = Field(default_factory=Parallel)
     wall_time_s: float
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 

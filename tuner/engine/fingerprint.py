@@ -43,6 +43,10 @@ def workload_document(workload: Workload, optimizer: torch.optim.Optimizer) -> d
         "optimizer": optimizer_signature(optimizer, workload.model),
         "precision": workload.precision,
         "activation_checkpointing": workload.activation_checkpointing,
+        # Only when parallel, so that keys of one-process workloads stay what they were.
+        **(
+            {"parallel": workload.parallel.memory_fields()} if workload.parallel.distributed else {}
+        ),
     }
 
 
@@ -57,9 +61,21 @@ def device_key(backend: Backend) -> str:
 def _module_tree(model: nn.Module) -> list[list[str]]:
     # extra_repr carries the configuration (features, kernel sizes, eps, ...).
     return [
-        [name, f"{type(module).__module__}.{type(module).__qualname__}", module.extra_repr()]
+        [name, _class_name(module), module.extra_repr()]
         for name, module in model.named_modules(remove_duplicate=False)
     ]
+
+
+def _class_name(module: nn.Module) -> str:
+    # fully_shard swaps a module's class for a subclass of (FSDPModule, the class); the
+    # key names the user's class, so it is the same before and after sharding.
+    cls = type(module)
+    if cls.__name__.startswith("FSDP") and len(cls.__bases__) == 2:
+        from torch.distributed.fsdp import FSDPModule
+
+        if cls.__bases__[0] is FSDPModule:
+            cls = cls.__bases__[1]
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def input_signature(workload: Workload) -> list[list[Any]]:

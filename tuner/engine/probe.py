@@ -7,10 +7,15 @@ caches), then measures ``measure_steps`` more; each step accumulates gradients o
 retries. Running out of memory is a measurement ("does not fit"); any other exception
 propagates unchanged. Afterwards the model, optimizer, RNG and train/eval flags are as
 they were, and after an out-of-memory the device is back to its baseline.
+
+Under DDP or FSDP (a rank of :mod:`tuner.engine.launch`) the model is wrapped the way it
+trains, and each step follows the rules the accumulator follows: the same gradient
+zeroing and the same micro batches synchronising (:func:`tuner.engine.parallel.sync_context`).
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -29,8 +34,12 @@ from tuner.engine.backends import (
     storage_bytes,
 )
 from tuner.engine.batching import Batch, batch_tensors, to_device
+from tuner.engine.parallel import parallelize, sync_context
 from tuner.engine.state import TrainingState
 from tuner.engine.workload import Workload, autocast
+
+# How far past its capacity a CPU rank runs a step before it stops (see Prober.stop_at).
+DEFERRED_STOP = 2.0
 
 
 def fits_budget(reading: PeakReading, *, non_torch_bytes: int, budget_bytes: int) -> bool:
@@ -53,15 +62,28 @@ class Prober:
         *,
         headroom: float = 0.05,
         settings: ProbeSettings | None = None,
+        rank: int = 0,
     ) -> None:
         self.workload = workload
         self.backend = backend
         self.settings = settings or ProbeSettings()
         self.headroom = headroom
+        self.rank = rank
+        self.parallel = workload.parallel
         self.budget_bytes = int((1 - headroom) * backend.capacity_bytes)
         self.model = workload.model.to(backend.device)
+        # What the step calls: the DDP wrapper, or the model sharded in place; wrapped
+        # before the optimizer is built, so that FSDP's optimizer holds the shards.
+        with backend.observe():
+            self.module = parallelize(workload, self.parallel, backend.device)
         self.optimizer = workload.build_optimizer()
+        # On the CPU a rank does not stop at the limit: one that did would leave the others
+        # waiting in a collective (and cost a restart of every rank). It runs the whole
+        # step and compares its peak afterwards, stopping only far past the limit, where
+        # the verdict is plain and the host's memory is at stake.
+        self.stop_at = DEFERRED_STOP if self.parallel.distributed and backend.kind == "cpu" else 1.0
         self._saved = TrainingState.capture(self.model, self.optimizer)
+        self._between_micro_batches = 0
 
     def __enter__(self) -> Prober:
         return self
@@ -109,6 +131,7 @@ class Prober:
             non_torch_bytes=non_torch,
             alloc_retries=reading.alloc_retries,
             phase_peaks_bytes=reading.phases,
+            rank_peaks_bytes=[reading.reserved_bytes] if self.parallel.distributed else [],
             breakdown=outcome.breakdown,
             step_time_s=outcome.step_time_s,
             samples_per_second=samples / outcome.step_time_s if outcome.step_time_s > 0 else None,
@@ -117,16 +140,18 @@ class Prober:
         )
 
     def _run(self, size: int, progress: _Progress, enforce_capacity: bool) -> _StepsOutcome:
-        batch = to_device(self.workload.sample_batch(size), self.backend.device)
-        self.model.train()
+        batch = to_device(self.workload.sample_batch(size, rank=self.rank), self.backend.device)
+        self.module.train()
         scaler = self._new_scaler()
-        track = self.backend.track
+        track, stop = self.backend.track, self.stop_at
         if self.settings.warmup_steps:
-            with track(self._resident(batch), enforce_capacity=enforce_capacity):
+            with track(self._resident(batch), enforce_capacity=enforce_capacity, stop_at=stop):
                 for _ in range(self.settings.warmup_steps):
                     progress.steps += 1
                     self._step(batch, scaler)
-        with track(self._resident(batch), enforce_capacity=enforce_capacity) as reading:
+        with track(
+            self._resident(batch), enforce_capacity=enforce_capacity, stop_at=stop
+        ) as reading:
             start = time.perf_counter()
             for _ in range(self.settings.measure_steps):
                 progress.steps += 1
@@ -150,14 +175,17 @@ class Prober:
         the peaks of its two phases are recorded apart: they grow differently with the
         batch, and the search fits each on its own."""
         count = self.settings.microbatches_per_step
-        self.optimizer.zero_grad(set_to_none=True)
-        for _ in range(count):
-            with self._autocast():
-                loss = self.workload.loss_fn(self.model, batch)
-            self._check_loss(loss)
-            loss = loss / count
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            del loss
+        self.optimizer.zero_grad(set_to_none=self.parallel.zero_grad_set_to_none)
+        for index in range(count):
+            with sync_context(self.module, self.parallel, index, count):
+                with self._autocast():
+                    loss = self.workload.loss_fn(self.module, batch)
+                self._check_loss(loss)
+                loss = loss / count
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+                del loss
+            if reading is not None and index == 0 and count > 1 and self.parallel.distributed:
+                self._between_micro_batches = self._held_between_micro_batches(batch)
         if reading is not None:
             self.backend.end_phase(reading, "accumulate")
         if scaler is not None:
@@ -192,15 +220,28 @@ class Prober:
         yield from iter_tensors(dict(self.optimizer.state))
         yield from (tensor for _, tensor in batch_tensors(batch))
 
+    def _held_between_micro_batches(self, batch: Batch) -> int:
+        """Bytes the parallel wrapper holds after a micro batch's backward, before the next
+        forward, beyond parameters, gradients, optimizer state and the batch: DDP's bucket
+        copy of the gradients, or FSDP's unsharded gradients kept for accumulation. Garbage
+        in reference cycles is collected first: what waits for the collector is not held."""
+        self.backend.synchronize()
+        gc.collect()
+        known = storage_bytes(self._resident(batch))
+        return max(0, self.backend.current_bytes() - known)
+
     def _breakdown(self, reading: PeakReading) -> MemoryBreakdown:
         params = storage_bytes(self.model.parameters())
         grads = storage_bytes(p.grad for p in self.model.parameters() if p.grad is not None)
         optimizer_state = storage_bytes(iter_tensors(dict(self.optimizer.state)))
+        communication = self._between_micro_batches
+        resident = params + grads + optimizer_state + communication
         return MemoryBreakdown(
             parameters_bytes=params,
             gradients_bytes=grads,
             optimizer_state_bytes=optimizer_state,
-            activations_bytes=max(0, reading.allocated_bytes - params - grads - optimizer_state),
+            communication_bytes=communication,
+            activations_bytes=max(0, reading.allocated_bytes - resident),
             allocator_cache_bytes=max(0, reading.reserved_bytes - reading.allocated_bytes),
         )
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+import torch
+
 from tuner.core.errors import BadInputError
+from tuner.core.parallel import Parallel
 from tuner.core.results import (
     AffineFit,
+    DeviceInfo,
     MemoryBreakdown,
     ProbeResult,
     ProbeSettings,
@@ -17,8 +21,9 @@ from tuner.core.results import (
 from tuner.core.units import format_bytes
 from tuner.engine.backends import Backend, storage_bytes
 from tuner.engine.fingerprint import device_key, workload_key
+from tuner.engine.parallel import check_parallel
 from tuner.engine.probe import Prober
-from tuner.engine.search import STRATEGIES, run_search
+from tuner.engine.search import STRATEGIES, SearchOutcome, run_search
 from tuner.engine.workload import Workload
 
 DEFAULT_HEADROOM = 0.05
@@ -54,6 +59,7 @@ def profile_workload(
     size_cap: int = DEFAULT_SIZE_CAP,
     settings: ProbeSettings | None = None,
     observer: ProbeObserver | None = None,
+    world_size: int = 1,
 ) -> Profile:
     """Find the largest micro batch of ``workload`` that fits ``backend`` with ``headroom``.
 
@@ -61,8 +67,35 @@ def profile_workload(
     one sample does not fit, the profile says so (``max_micro_batch_size == 0``) and, on a
     backend that can measure past its capacity, carries the full measurement at size 1 in
     ``oversize_probe``.
+
+    A workload declared DDP or FSDP (``workload.parallel``) is measured on ``world_size``
+    ranks, each a process of its own that loads the workload by its target
+    (:func:`tuner.engine.launch.profile_distributed`); otherwise ``world_size`` is only what
+    the plan divides the batch by, and the profile is one process's.
     """
     validate_search_settings(headroom=headroom, size_cap=size_cap, strategy=strategy)
+    if workload.parallel.distributed:
+        from tuner.engine.launch import profile_distributed
+
+        check_parallel(workload, workload.parallel, world_size)
+        if workload.target is None:
+            raise BadInputError(
+                f"{workload.name} is declared {workload.parallel.mode}: each rank loads it by "
+                "its target, so load it with load_workload('package.module:function')"
+            )
+        return profile_distributed(
+            workload.target,
+            options=workload.options,
+            device=str(backend.device) if backend.kind == "cuda" else "cpu",
+            memory_limit_bytes=backend.memory_limit_bytes,
+            world_size=world_size,
+            parallel=workload.parallel,
+            headroom=headroom,
+            strategy=strategy,
+            size_cap=size_cap,
+            settings=settings,
+            observer=observer,
+        )
     started = time.perf_counter()
     with (
         backend.session(),
@@ -84,29 +117,69 @@ def profile_workload(
         oversize = None
         if outcome.max_micro_batch_size == 0 and outcome.probes[0].oom and backend.kind == "cpu":
             oversize = prober(1, enforce_capacity=False)
+        info = workload_info(workload, prober.optimizer)
+    return build_profile(
+        keys=keys,
+        workload=info,
+        device=backend.describe(),
+        headroom=headroom,
+        budget_bytes=prober.budget_bytes,
+        strategy=strategy,
+        size_cap=size_cap,
+        outcome=outcome,
+        oversize=oversize,
+        settings=prober.settings,
+        wall_time_s=time.perf_counter() - started,
+    )
+
+
+def workload_info(workload: Workload, optimizer: torch.optim.Optimizer) -> WorkloadInfo:
+    """What a person reads about the workload (FSDP's shards count whole)."""
+    return WorkloadInfo(
+        name=workload.name,
+        target=workload.target,
+        precision=workload.precision,
+        activation_checkpointing=workload.activation_checkpointing,
+        parameter_count=sum(p.numel() for p in workload.model.parameters()),
+        optimizer=type(optimizer).__name__,
+    )
+
+
+def build_profile(
+    *,
+    keys: tuple[str, str],
+    workload: WorkloadInfo,
+    device: DeviceInfo,
+    headroom: float,
+    budget_bytes: int,
+    strategy: str,
+    size_cap: int,
+    outcome: SearchOutcome,
+    settings: ProbeSettings,
+    wall_time_s: float,
+    oversize: ProbeResult | None = None,
+    world_size: int = 1,
+    parallel: Parallel | None = None,
+) -> Profile:
+    """The profile of a finished search, in one process or across ranks."""
     measured = [(p.micro_batch_size, p.footprint_bytes) for p in outcome.probes]
     return Profile(
         workload_key=keys[0],
         device_key=keys[1],
-        workload=WorkloadInfo(
-            name=workload.name,
-            target=workload.target,
-            precision=workload.precision,
-            activation_checkpointing=workload.activation_checkpointing,
-            parameter_count=sum(p.numel() for p in workload.model.parameters()),
-            optimizer=type(prober.optimizer).__name__,
-        ),
-        device=backend.describe(),
+        workload=workload,
+        device=device,
         headroom=headroom,
-        budget_bytes=prober.budget_bytes,
+        budget_bytes=budget_bytes,
         strategy=strategy,
         size_cap=size_cap,
         max_micro_batch_size=outcome.max_micro_batch_size,
         probes=outcome.probes,
         oversize_probe=oversize,
         fit=AffineFit.through([(m, y) for m, y in measured if y is not None]),
-        settings=prober.settings,
-        wall_time_s=time.perf_counter() - started,
+        settings=settings,
+        world_size=world_size,
+        parallel=parallel or Parallel(),
+        wall_time_s=wall_time_s,
     )
 
 

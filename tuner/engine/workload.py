@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from tuner.core.errors import WorkloadError
+from tuner.core.parallel import Parallel
 from tuner.engine.batching import Batch, batch_size_of
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -38,6 +39,10 @@ def autocast(precision: str, device_type: str) -> AbstractContextManager[Any]:
 
 OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
+# ``fully_shard`` with the spec's options bound; a workload's shard function calls it on
+# each module that should be one FSDP unit, then on the root.
+ShardFn = Callable[[nn.Module], Any]
+ShardModelFn = Callable[[nn.Module, ShardFn], None]
 
 
 @dataclass(kw_only=True)
@@ -57,17 +62,28 @@ class Workload:
         precision: ``fp32``, or autocast in ``bf16``, or ``fp16`` with a GradScaler.
         activation_checkpointing: whether ``model`` recomputes activations in backward.
             The model applies it; the flag is part of the workload key.
+        parallel: how training spreads over ranks (none, DDP or FSDP with the options
+            that change memory); part of the workload key when not none.
+        shard: for FSDP, ``shard(model, fully_shard)`` calls ``fully_shard`` on each
+            unit (every transformer block, say), then on ``model``.
+
+    Under a world size above 1, ``make_batch(n, rank=r)`` must draw rank r's samples.
     """
 
     model: nn.Module
     optimizer: torch.optim.Optimizer | OptimizerFactory
-    make_batch: Callable[[int], Batch]
+    make_batch: Callable[..., Batch]
     loss_fn: LossFn
     loss_units: Callable[[Batch], int] | None = None
     precision: Precision = "fp32"
     activation_checkpointing: bool = False
+    parallel: Parallel = field(default_factory=Parallel)
+    shard: ShardModelFn | None = None
     name: str = ""
     target: str | None = field(default=None, compare=False)
+    # The factory's keyword options, as load_workload received them: a rank process loads
+    # the same workload from target and options.
+    options: dict[str, object] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
@@ -82,6 +98,11 @@ class Workload:
             raise WorkloadError(
                 "Workload.optimizer must be a torch.optim.Optimizer or a factory taking "
                 "model.parameters()"
+            )
+        if not isinstance(self.parallel, Parallel):
+            raise WorkloadError(
+                "Workload.parallel must be a tuner Parallel, e.g. Parallel(mode='ddp'), "
+                f"got {type(self.parallel).__name__}"
             )
         for name in ("make_batch", "loss_fn"):
             if not callable(getattr(self, name)):
@@ -101,9 +122,10 @@ class Workload:
             self.optimizer = built
         return self.optimizer
 
-    def sample_batch(self, size: int) -> Batch:
-        """``make_batch(size)``, checked to hold ``size`` samples."""
-        batch = self.make_batch(size)
+    def sample_batch(self, size: int, *, rank: int = 0) -> Batch:
+        """``make_batch(size)`` (with ``rank=`` on ranks above 0), checked to hold ``size``
+        samples."""
+        batch = self.make_batch(size, rank=rank) if rank else self.make_batch(size)
         try:
             actual = batch_size_of(batch)
         except ValueError as exc:
@@ -174,4 +196,5 @@ def load_workload(target: str, options: Mapping[str, object] | None = None) -> W
             "return Workload(model=..., optimizer=..., make_batch=..., loss_fn=...)"
         )
     workload.target = target
+    workload.options = dict(options or {})
     return workload

@@ -31,9 +31,11 @@ import torch
 from torch import nn
 
 from tuner.core.errors import BadInputError
+from tuner.core.parallel import Parallel
 from tuner.core.plan import split_batch
 from tuner.engine.backends import is_out_of_memory
 from tuner.engine.batching import Batch, batch_size_of, slice_batch
+from tuner.engine.parallel import check_parallel, parallelize, sync_context
 from tuner.engine.workload import Precision, Workload, autocast
 
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
@@ -86,6 +88,16 @@ class Accumulator:
     With OOM recovery, build DDP with ``forward_sync_buffers=False`` when the model has
     buffers: DDP otherwise broadcasts them at every forward, a collective that a rank
     that ran out of memory would not join.
+
+    With ``parallel`` (a workload's declared DDP or FSDP, which :meth:`for_workload`
+    passes and wraps the model for), ``sync`` is not used: the step follows the same rules
+    as the probe that measured it (:mod:`tuner.engine.parallel`). DDP synchronises on the
+    last micro batch, and gradients are zeroed in place when they are bucket views; FSDP
+    reduce-scatters after every micro batch or on the last only (``gradient_sync``), and
+    ranks agree on an out-of-memory after the micro batches. FSDP runs collectives inside
+    every forward and backward, so only an out-of-memory that every rank meets at the same
+    point (equal shapes make that the usual case) is recovered; one on a single rank
+    leaves the others waiting until the process group's timeout.
     """
 
     model: nn.Module
@@ -100,6 +112,7 @@ class Accumulator:
     on_oom: OomCallback | None = None
     sync: SyncMode = "safe"
     scaler: torch.amp.GradScaler | None = field(default=None)
+    parallel: Parallel | None = None
 
     def __post_init__(self) -> None:
         if self.micro_batch_size < 1:
@@ -113,9 +126,15 @@ class Accumulator:
     @classmethod
     def for_workload(cls, workload: Workload, micro_batch_size: int, **options: Any) -> Accumulator:
         """An accumulator for a :class:`~tuner.engine.workload.Workload`'s model, optimizer and
-        loss."""
+        loss. A workload declared DDP or FSDP has its model wrapped here the way it was
+        profiled (the process group must be initialized), then its optimizer built."""
+        model = workload.model
+        if workload.parallel.distributed:
+            check_parallel(workload, workload.parallel, _world().size)
+            model = parallelize(workload, workload.parallel, _device_of(model))
         return cls(
-            model=workload.model,
+            model=model,
+            parallel=workload.parallel,
             optimizer=workload.build_optimizer(),
             micro_batch_size=micro_batch_size,
             loss_fn=workload.loss_fn,
@@ -166,9 +185,10 @@ class Accumulator:
         total_units = _all_reduce_sum(sum(units), world)
         if total_units == 0:
             raise BadInputError("the batch has no loss units (every token is padding?)")
-        # DDP averages gradients over ranks, so each rank's share is scaled up by W.
+        # DDP and FSDP average gradients over ranks, so each rank's share is scaled up by W.
         scale = world.size / total_units
-        self.optimizer.zero_grad(set_to_none=True)
+        reducer = self._reducer()
+        self._zero_grad()
         # Detached tensors, read once at the end: reading a CUDA value each micro batch
         # would stall the GPU, and summing as we go costs two operators a micro batch.
         losses: list[torch.Tensor] = []
@@ -176,13 +196,13 @@ class Accumulator:
         try:
             for index, (part, part_units) in enumerate(zip(parts, units, strict=True)):
                 last = index == len(parts) - 1
-                if last and world.size > 1 and self.sync == "ddp":
+                if last and world.size > 1 and reducer == "ddp":
                     # DDP commits to all-reducing at the last forward: agree before it.
                     agreed = _any_rank(False, size, world)
                     if agreed is not None:
                         self._release()
                         return agreed, "another rank ran out of memory"
-                with self._no_sync(last, world):
+                with self._sync_context(index, len(parts), world):
                     with self._autocast():
                         loss = self.loss_fn(self.model, part)
                     losses.append(loss.detach())
@@ -200,12 +220,13 @@ class Accumulator:
             # Tell the others, which abandon the batch with us, and halve from one size.
             agreed = _any_rank(True, size, world) if world.size > 1 else size
             return agreed or size, oom_message
-        if world.size > 1 and self.sync == "safe":
+        if world.size > 1 and reducer != "ddp":
             agreed = _any_rank(False, size, world)
             if agreed is not None:
                 self._release()
                 return agreed, "another rank ran out of memory"
-            _all_reduce_gradients(self.model, world)
+            if reducer == "safe":
+                _all_reduce_gradients(self.model, world)
         grad_norm, stepped = self._optimizer_step()
         return StepReport(
             # After the step the GPU has finished: these reads no longer stall anything.
@@ -237,9 +258,20 @@ class Accumulator:
             self.scheduler.step()
         return grad_norm, stepped
 
+    def _reducer(self) -> str:
+        """Who reduces gradients across ranks: ``safe`` (this class, after the micro
+        batches), ``ddp`` (DDP's reducer in the last backward) or ``fsdp``."""
+        if self.parallel is not None and self.parallel.distributed:
+            return self.parallel.mode
+        return self.sync
+
+    def _zero_grad(self) -> None:
+        parallel = self.parallel or Parallel()
+        self.optimizer.zero_grad(set_to_none=parallel.zero_grad_set_to_none)
+
     def _release(self) -> None:
         """Free what a failed attempt held before the same batch is tried again."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -253,7 +285,10 @@ class Accumulator:
     def _autocast(self) -> AbstractContextManager[Any]:
         return autocast(self.precision, _device_of(self.model).type)
 
-    def _no_sync(self, last: bool, world: _World) -> AbstractContextManager[Any]:
+    def _sync_context(self, index: int, count: int, world: _World) -> AbstractContextManager[Any]:
+        if self.parallel is not None and self.parallel.distributed:
+            return sync_context(self.model, self.parallel, index, count)
+        last = index == count - 1
         no_sync = getattr(self.model, "no_sync", None)
         if no_sync is None or world.size == 1 or (last and self.sync == "ddp"):
             return nullcontext()  # with "ddp", DDP all-reduces during the last backward

@@ -139,8 +139,10 @@ def profile_from_output(stdout: str) -> Profile:
     if not lines:
         raise ValueError("tuner profile printed no JSON profile on stdout")
     document = json.loads(lines[-1])
-    for name in ("micro_batch_size", "grad_accum", "recommendation"):
-        document.pop(name, None)  # present only with --global-batch-size
+    # What the command adds beside the profile: the plan (with --global-batch-size), the
+    # stored id (with --upload) and its advice.
+    for name in ("micro_batch_size", "grad_accum", "recommendation", "profile_id", "advice"):
+        document.pop(name, None)
     probes = [*document.get("probes", []), document.get("oversize_probe")]
     for probe in probes:
         if isinstance(probe, dict):

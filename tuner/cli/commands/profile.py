@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -18,6 +19,9 @@ from tuner.cli.commands._args import (
     positive_int,
 )
 from tuner.core.errors import TunerError
+
+if TYPE_CHECKING:
+    from tuner.core.results import Profile
 
 
 def add_parser(commands: Any) -> None:
@@ -66,7 +70,23 @@ def add_parser(commands: Any) -> None:
         "--world-size",
         type=positive_int,
         default=1,
-        help="number of data-parallel ranks (default 1)",
+        help="data-parallel ranks: with --parallel ddp|fsdp (or a workload that declares "
+        "one) the probes run on this many ranks; otherwise the plan divides the batch by it "
+        "(default 1)",
+    )
+    profile.add_argument(
+        "--parallel",
+        choices=("none", "ddp", "fsdp"),
+        default=None,
+        help="measure the step as it trains under DDP or FSDP on --world-size ranks (default: "
+        "what the workload declares, else none: one process)",
+    )
+    profile.add_argument(
+        "--parallel-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a DDP or FSDP option, e.g. gradient_as_bucket_view=false, gradient_sync=last",
     )
     profile.add_argument(
         "-o",
@@ -104,6 +124,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
 
     from tuner.cli.display import LiveProgress, print_profile
     from tuner.client import TunerClient
+    from tuner.core.parallel import parse_parallel
     from tuner.core.results import ProbeSettings
     from tuner.engine.backends import make_backend
     from tuner.engine.profiler import nothing_fits_advice, profile_workload
@@ -112,20 +133,32 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     backend = make_backend(device, memory_limit_bytes=args.memory_limit)
     workload = load_workload(args.target, parse_options(args.option))
+    if args.parallel is not None:
+        workload.parallel = parse_parallel(args.parallel, args.parallel_option, workload.parallel)
+    elif args.parallel_option:
+        workload.parallel = parse_parallel(
+            workload.parallel.mode, args.parallel_option, workload.parallel
+        )
     settings = ProbeSettings(warmup_steps=args.warmup_steps)
     # Made before probing, so that a missing TUNER_URL costs no profiling time.
     client = TunerClient() if args.upload else None
+
+    def measure(observer: Any) -> Profile:
+        return profile_workload(
+            workload,
+            backend,
+            headroom=args.headroom,
+            strategy=args.strategy,
+            size_cap=args.size_cap,
+            settings=settings,
+            observer=observer,
+            world_size=args.world_size,
+        )
+
     try:
         with LiveProgress(stderr) as progress:
-            profile = profile_workload(
-                workload,
-                backend,
-                headroom=args.headroom,
-                strategy=args.strategy,
-                size_cap=args.size_cap,
-                settings=settings,
-                observer=progress,
-            )
+            profile = measure(progress)
+        advice = _parallel_advice(profile, workload, measure, stderr)
     except TunerError:
         raise
     except Exception:
@@ -162,9 +195,10 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
             document["recommendation"] = recommendation.model_dump(mode="json")
         if uploaded is not None:
             document["profile_id"] = uploaded
+        document["advice"] = advice
         sys.stdout.write(json.dumps(document) + "\n")
     else:
-        print_profile(Console(), profile, recommendation)
+        print_profile(Console(), profile, recommendation, world_size=args.world_size, advice=advice)
     if client is not None and uploaded is not None:
         (stderr if args.json else Console()).print(
             f"uploaded as profile {uploaded} to {client.url}", highlight=False, soft_wrap=True
@@ -181,3 +215,40 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         stderr.print(nothing_fits_advice(profile, workload), highlight=False, markup=False)
         return EXIT_NOTHING_FITS
     return EXIT_OK
+
+
+def _parallel_advice(
+    profile: Profile, workload: Any, measure: Callable[[Any], Profile], stderr: Console
+) -> list[str]:
+    """What the parallel options cost, measured: DDP without bucket views is profiled again
+    with them (and gradients zeroed in place) to say how much larger a micro batch fits;
+    FSDP's gradient-sync style is named with what the other one would change."""
+    parallel = profile.parallel
+    if parallel.mode == "ddp" and not parallel.gradient_as_bucket_view:
+        stderr.print("measuring gradient_as_bucket_view=true for comparison ...", highlight=False)
+        workload.parallel = parallel.model_copy(update={"gradient_as_bucket_view": True})
+        try:
+            other = measure(None).max_micro_batch_size
+        finally:
+            workload.parallel = parallel
+        gain = other - profile.max_micro_batch_size
+        if gain > 0:
+            return [
+                f"DDP(gradient_as_bucket_view=True) with gradients zeroed in place fits micro "
+                f"batch {other} (measured), {gain} more: DDP then keeps one copy of the "
+                "gradients instead of two (--parallel-option gradient_as_bucket_view=true)"
+            ]
+        return [f"gradient_as_bucket_view=true measured {other}: no larger micro batch here"]
+    if parallel.mode == "fsdp":
+        if parallel.gradient_sync == "every":
+            return [
+                "FSDP reduce-scatters gradients after every micro batch (gradient_sync=every, "
+                "the default: less memory); gradient_sync=last sends less but keeps unsharded "
+                "gradients between micro batches"
+            ]
+        return [
+            "FSDP syncs gradients on the last micro batch only (gradient_sync=last): unsharded "
+            "gradients stay resident between micro batches; gradient_sync=every needs less "
+            "memory"
+        ]
+    return []

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from tuner.core.results import DeviceInfo
 
@@ -38,6 +40,8 @@ class Backend(ABC):
     kind: str
     device: torch.device
     capacity_bytes: int
+    # The limit the user set (the CPU's memory, or a smaller card emulated on CUDA).
+    memory_limit_bytes: int | None = None
     # True when tracking slows each step (the CPU tracker intercepts every operator), so
     # throughput must be timed on separate, untracked steps.
     tracking_slows_steps: bool = False
@@ -52,12 +56,17 @@ class Backend(ABC):
 
     @abstractmethod
     def track(
-        self, resident: Iterable[torch.Tensor], *, enforce_capacity: bool = True
+        self,
+        resident: Iterable[torch.Tensor],
+        *,
+        enforce_capacity: bool = True,
+        stop_at: float = 1.0,
     ) -> AbstractContextManager[PeakReading]:
         """Measure the peak inside the block. ``resident`` lists tensors alive before it
         (weights, gradients, optimizer state) so that a backend that only sees new
-        allocations can count them. Going over the capacity raises an out-of-memory
-        error, unless ``enforce_capacity`` is false and the backend can lift it."""
+        allocations can count them. Going over ``stop_at`` times the capacity raises an
+        out-of-memory error, unless ``enforce_capacity`` is false and the backend can
+        lift it (a backend that can measure past its capacity may stop later than 1×)."""
 
     @abstractmethod
     def end_phase(self, reading: PeakReading, phase: str) -> None:
@@ -76,17 +85,41 @@ class Backend(ABC):
 
     def session(self) -> AbstractContextManager[None]:
         """Settings held for a whole profile (a CUDA memory cap, say)."""
-        from contextlib import nullcontext
-
         return nullcontext()
+
+    def observe(self) -> AbstractContextManager[None]:
+        """Inside ``session``: set-up work whose allocations must count in every later
+        probe (DDP's gradient buckets, made when the model is wrapped). The CUDA
+        allocator sees everything anyway; the CPU tracker must be watching."""
+        return nullcontext()
+
+    @abstractmethod
+    def current_bytes(self) -> int:
+        """Inside ``track``: the bytes allocated right now."""
+
+
+def plain_tensors(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The tensors that hold memory: ``tensor`` itself, or for a wrapper subclass such as
+    FSDP's sharded ``DTensor`` (whose own storage is a stand-in of the global size) the
+    tensors inside it, this rank's shard."""
+    wrapper: Any = tensor
+    if type(tensor) is torch.Tensor or not is_traceable_wrapper_subclass(wrapper):
+        yield tensor
+        return
+    names, _ = wrapper.__tensor_flatten__()
+    for name in names:
+        inner = getattr(wrapper, name)
+        if isinstance(inner, torch.Tensor):  # DTensor also names its (tensor-free) mesh
+            yield from plain_tensors(inner)
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors`` (tied weights count once)."""
     seen: dict[int, int] = {}
     for tensor in tensors:
-        storage = tensor.untyped_storage()
-        seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+        for plain in plain_tensors(tensor):
+            storage = plain.untyped_storage()
+            seen[storage.data_ptr() or id(storage)] = storage.nbytes()
     return sum(seen.values())
 
 

@@ -8,19 +8,21 @@ test suite use it to run the real search on real models.
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tuner.core.results import DeviceInfo
 from tuner.core.units import format_bytes
-from tuner.engine.backends.base import Backend, PeakReading
+from tuner.engine.backends.base import Backend, PeakReading, plain_tensors
 
 
 class LiveBytesTracker(TorchDispatchMode):
@@ -29,8 +31,14 @@ class LiveBytesTracker(TorchDispatchMode):
     A storage is counted from the first operator that creates or reads it until the
     storage is freed (a weakref callback). Tensors alive before the block are registered
     up front with :meth:`register` so that state an operator has not yet touched
-    (optimizer moments during forward, say) still counts.
+    (optimizer moments during forward, say) still counts. A storage resized in place
+    (FSDP frees and refills its all-gather buffers with ``UntypedStorage.resize_``, a call
+    no operator sees) is re-counted at once: ``resize_`` is wrapped while a tracker is
+    active.
     """
+
+    _active: ClassVar[list[LiveBytesTracker]] = []
+    _unwrapped_resize: ClassVar[Callable[..., Any] | None] = None
 
     def __init__(self, limit_bytes: int | None = None) -> None:
         super().__init__()
@@ -51,7 +59,29 @@ class LiveBytesTracker(TorchDispatchMode):
         self.peak_bytes = self.live_bytes
 
     def _count(self, tensor: torch.Tensor) -> None:
-        storage = tensor.untyped_storage()
+        if type(tensor) is torch.Tensor or type(tensor) is nn.Parameter:  # the hot path
+            self._count_storage(tensor)
+            return
+        for plain in plain_tensors(tensor):
+            self._count_storage(plain)
+
+    def __enter__(self) -> LiveBytesTracker:
+        if not LiveBytesTracker._active:
+            _watch_resizes()
+        LiveBytesTracker._active.append(self)
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        super().__exit__(*exc_info)
+        LiveBytesTracker._active.remove(self)
+        if not LiveBytesTracker._active:
+            _unwatch_resizes()
+
+    def _count_storage(self, tensor: torch.Tensor) -> None:
+        self._count_storage_object(tensor.untyped_storage())
+
+    def _count_storage_object(self, storage: torch.UntypedStorage) -> None:
         key = id(storage)
         size = storage.nbytes()
         known = self._sizes.get(key)
@@ -107,6 +137,26 @@ class LiveBytesTracker(TorchDispatchMode):
         return out
 
 
+def _watch_resizes() -> None:
+    original = torch.UntypedStorage.resize_
+    LiveBytesTracker._unwrapped_resize = original
+
+    def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+        result = original(storage, size)
+        for tracker in LiveBytesTracker._active:
+            tracker._count_storage_object(storage)
+            tracker.peak_bytes = max(tracker.peak_bytes, tracker.live_bytes)
+        return result
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
+
+
+def _unwatch_resizes() -> None:
+    if LiveBytesTracker._unwrapped_resize is not None:
+        torch.UntypedStorage.resize_ = LiveBytesTracker._unwrapped_resize  # type: ignore[method-assign]
+        LiveBytesTracker._unwrapped_resize = None
+
+
 class CpuBackend(Backend):
     """Runs probes on the CPU against a memory limit of the user's choosing."""
 
@@ -118,7 +168,12 @@ class CpuBackend(Backend):
             raise ValueError("the CPU memory limit must be positive")
         self.device = torch.device("cpu")
         self.capacity_bytes = limit_bytes
+        self.memory_limit_bytes = limit_bytes
         self._tracker: LiveBytesTracker | None = None
+        # One tracker for a whole session: storages it has seen stay counted while they
+        # live, also those made in set-up (``observe``) or in an earlier block that no
+        # Python object of ours points to (DDP's buckets, rebuilt in the first steps).
+        self._session_tracker: LiveBytesTracker | None = None
 
     def describe(self) -> DeviceInfo:
         return DeviceInfo(
@@ -141,19 +196,53 @@ class CpuBackend(Backend):
         }
 
     @contextmanager
+    def session(self) -> Iterator[None]:
+        self._session_tracker = LiveBytesTracker()
+        try:
+            yield
+        finally:
+            self._session_tracker = None
+
+    @contextmanager
+    def observe(self) -> Iterator[None]:
+        if self._session_tracker is None:
+            yield  # outside a session nothing carries over to later probes anyway
+            return
+        with self._session_tracker:
+            yield
+
+    @contextmanager
     def track(
-        self, resident: Iterable[torch.Tensor], *, enforce_capacity: bool = True
+        self,
+        resident: Iterable[torch.Tensor],
+        *,
+        enforce_capacity: bool = True,
+        stop_at: float = 1.0,
     ) -> Iterator[PeakReading]:
         reading = PeakReading()
-        tracker = LiveBytesTracker(self.capacity_bytes if enforce_capacity else None)
+        limit = int(self.capacity_bytes * stop_at) if enforce_capacity else None
+        tracker = self._session_tracker
+        if tracker is None:
+            tracker = LiveBytesTracker(limit)
+        else:
+            # Garbage in reference cycles still holds storages the tracker counts as live.
+            gc.collect()
+            tracker.limit_bytes = limit
         tracker.register(resident)
+        tracker.reset_peak()
         self._tracker = tracker
         try:
             with tracker:
                 yield reading
         finally:
             self._tracker = None
+            tracker.limit_bytes = None
         reading.add(tracker.peak_bytes, tracker.peak_bytes)
+
+    def current_bytes(self) -> int:
+        if self._tracker is None:
+            raise RuntimeError("current_bytes is only meaningful inside track()")
+        return self._tracker.live_bytes
 
     def end_phase(self, reading: PeakReading, phase: str) -> None:
         if self._tracker is None:

@@ -34,6 +34,7 @@ class CudaBackend(Backend):
         self._props = torch.cuda.get_device_properties(self.device)
         self.total_bytes = int(self._props.total_memory)
         self.limit_bytes = limit_bytes
+        self.memory_limit_bytes = limit_bytes
         self.capacity_bytes = min(self.total_bytes, limit_bytes or self.total_bytes)
 
     def describe(self) -> DeviceInfo:
@@ -91,10 +92,14 @@ class CudaBackend(Backend):
 
     @contextmanager
     def track(
-        self, resident: Iterable[torch.Tensor], *, enforce_capacity: bool = True
+        self,
+        resident: Iterable[torch.Tensor],
+        *,
+        enforce_capacity: bool = True,
+        stop_at: float = 1.0,
     ) -> Iterator[PeakReading]:
         # The allocator already knows every live block; a physical card cannot be lifted.
-        del resident, enforce_capacity
+        del resident, enforce_capacity, stop_at  # the device itself stops at its memory
         reading = PeakReading()
         self.synchronize()
         gc.collect()
@@ -108,6 +113,9 @@ class CudaBackend(Backend):
         )
         retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
         reading.alloc_retries = int(retries - retries_before)
+
+    def current_bytes(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
 
     def end_phase(self, reading: PeakReading, phase: str) -> None:
         self.synchronize()

@@ -36,7 +36,8 @@ def model_search(probe: ProbeFn, *, cap: int, budget_bytes: int) -> SearchOutcom
     boundary. Aims stay strictly inside the bracket, so every probe narrows it. A
     bisection step replaces the aim when no slope is known, when a failed probe
     contradicts the prediction, or when aims have twice running failed to halve the
-    bracket. The search ends when ``M*`` fits and ``M* + 1`` does not.
+    bracket (doubling while no size has failed yet). The search ends when ``M*`` fits and
+    ``M* + 1`` does not.
     """
     search = SearchRecorder(probe, cap)
     if not search.run(1).fits or cap == 1:
@@ -46,10 +47,19 @@ def model_search(probe: ProbeFn, *, cap: int, budget_bytes: int) -> SearchOutcom
         width = search.hi - search.lo
         aim = _aim(search, budget_bytes)
         if aim is None or slow_aims >= 2:
-            aim, slow_aims = (search.lo + search.hi) // 2, 0
+            aim, slow_aims = _fallback(search), 0
         search.run(aim)
         slow_aims = slow_aims + 1 if 2 * (search.hi - search.lo) > width else 0
     return search.outcome()
+
+
+def _fallback(search: SearchRecorder) -> int:
+    """Bisect the bracket; while nothing has failed yet, double instead: the midpoint up to
+    the cap can be far past any size that fits, and such a probe is the costliest one (a
+    rank measuring past its limit runs it whole)."""
+    if search.hi > search.cap:
+        return min(2 * search.lo, search.cap)
+    return (search.lo + search.hi) // 2
 
 
 # The optimizer step's memory does not grow with the batch beyond the batch itself, so a

@@ -1,0 +1,367 @@
+"""Profiling at world size W: W rank processes, one search, every rank probing each size.
+
+This process runs the search and coordinates; each rank (a process of its own, gloo on
+the loopback address for the CPU, NCCL with one GPU per rank for CUDA) loads the workload
+by its target, wraps it the way it trains (:mod:`tuner.engine.parallel`) and probes the
+size it is sent. A probe's peak is the largest over ranks, and a size fits only when it
+fits on every rank.
+
+Why a coordinator rather than an all-reduce among the ranks: a rank that runs out of
+memory inside a collective-bearing step (DDP's all-reduce in the last backward, FSDP's
+all-gather in every forward) leaves the other ranks waiting inside that collective, where
+no agreement among them can reach them. So each rank reports to this process, which
+decides. A size is "does not fit" when any rank ran out of memory; the ranks are then
+ended and started afresh (a process group with a half-finished collective is unusable),
+so no rank ever waits for one that left, and every probe is bounded by ``probe_timeout_s``.
+On the CPU the ranks never stop at the limit: each runs the whole step with its memory
+counted and compares its peak with the limit afterwards (the same verdict, no collective
+left half done), which is also how an uneven rank is seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import multiprocessing.connection
+import os
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from tuner.core.errors import BadInputError, RankFailedError, WorkloadError
+from tuner.core.parallel import Parallel
+from tuner.core.results import DeviceInfo, ProbeResult, ProbeSettings, Profile, WorkloadInfo
+from tuner.core.units import format_bytes
+from tuner.engine.profiler import ProbeObserver, build_profile, validate_search_settings
+from tuner.engine.search import run_search
+
+READY_TIMEOUT_S = 600.0
+PROBE_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class RankRequest:
+    """What every rank needs to set itself up: picklable, so it crosses ``spawn``."""
+
+    target: str
+    options: Mapping[str, Any]
+    device: str
+    memory_limit_bytes: int | None
+    world_size: int
+    parallel: Parallel
+    headroom: float
+    settings: ProbeSettings
+    port: int
+
+
+@dataclass(frozen=True)
+class RankReady:
+    """Rank 0's description of the run, sent once it is set up."""
+
+    workload_key: str
+    device_key: str
+    workload_info: dict[str, Any]
+    device_info: dict[str, Any]
+    budget_bytes: int
+
+
+def check_world_size(device: str, world_size: int, memory_limit_bytes: int | None) -> None:
+    """Refuse a world size this machine cannot run, before any rank starts."""
+    if world_size < 1:
+        raise BadInputError(f"--world-size must be at least 1, got {world_size}")
+    if device.startswith("cuda"):
+        import torch
+
+        visible = torch.cuda.device_count()
+        if world_size > visible:
+            raise BadInputError(
+                f"--world-size {world_size} needs one GPU per rank and {visible} are visible; "
+                "profile at most that many here, or launch each node's ranks with torchrun"
+            )
+        return
+    available = _available_memory_bytes()
+    if memory_limit_bytes is not None and available and world_size * memory_limit_bytes > available:
+        raise BadInputError(
+            f"--world-size {world_size} × --memory-limit {format_bytes(memory_limit_bytes)} "
+            f"is more than this machine's {format_bytes(available)} of free memory; use fewer "
+            "ranks or a smaller limit"
+        )
+
+
+def _available_memory_bytes() -> int:
+    """Memory a new process can have without swapping (Linux's MemAvailable counts the
+    page cache that can be dropped); 0 when unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+
+
+@dataclass
+class RankGroup:
+    """W rank processes and a pipe to each. Started afresh after a failed probe."""
+
+    request: RankRequest
+    processes: list[multiprocessing.process.BaseProcess] = field(default_factory=list)
+    pipes: list[multiprocessing.connection.Connection] = field(default_factory=list)
+
+    def start(self) -> RankReady:
+        from tuner.engine.rank import rank_main
+
+        context = multiprocessing.get_context("spawn")
+        request = dataclasses.replace(self.request, port=_free_port())
+        for rank in range(request.world_size):
+            ours, theirs = context.Pipe()
+            process = context.Process(
+                target=rank_main, args=(rank, request, theirs), name=f"tuner-rank-{rank}"
+            )
+            process.start()
+            theirs.close()
+            self.processes.append(process)
+            self.pipes.append(ours)
+        answers = self._collect(READY_TIMEOUT_S, what="start")
+        ready = answers[0][1] if answers else None
+        if not isinstance(ready, RankReady):
+            raise RankFailedError(f"rank 0 did not describe the run: {ready!r}")
+        return ready
+
+    def probe(self, size: int, timeout_s: float) -> list[ProbeResult] | None:
+        """Every rank's result at ``size``; ``None`` when a rank ran out of memory and the
+        group had to be ended (the caller restarts it)."""
+        for pipe in self.pipes:
+            pipe.send(("probe", size))
+        answers = self._collect(timeout_s, what=f"probe {size}", stop_on_oom=True)
+        if answers is None:
+            return None
+        return [ProbeResult.model_validate(payload) for _, payload in answers]
+
+    def _collect(
+        self, timeout_s: float, *, what: str, stop_on_oom: bool = False
+    ) -> list[tuple[str, Any]] | None:
+        deadline = time.monotonic() + timeout_s
+        answers: dict[int, tuple[str, Any]] = {}
+        while len(answers) < len(self.pipes):
+            waiting = [p for i, p in enumerate(self.pipes) if i not in answers]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.stop()
+                raise RankFailedError(
+                    f"ranks {sorted(set(range(len(self.pipes))) - set(answers))} did not answer "
+                    f"({what}) within {timeout_s:.0f} s; they were ended"
+                )
+            ranks = {id(pipe): rank for rank, pipe in enumerate(self.pipes)}
+            for ready in multiprocessing.connection.wait(waiting, timeout=min(remaining, 1.0)):
+                rank = ranks[id(ready)]
+                kind: str
+                payload: Any
+                try:
+                    kind, payload = self.pipes[rank].recv()
+                except EOFError:
+                    kind, payload = "died", None
+                if kind in ("error", "bad_input", "died"):
+                    self.processes[rank].join(timeout=1.0)  # its exit status, when it died
+                    code = self.processes[rank].exitcode
+                    self.stop()
+                    if kind == "bad_input":
+                        raise BadInputError(str(payload))
+                    raise RankFailedError(
+                        f"rank {rank} failed ({what}): "
+                        + (
+                            str(payload)
+                            if payload
+                            else f"it exited with status {code}{_hint(what)}"
+                        )
+                    )
+                answers[rank] = (kind, payload)
+                if stop_on_oom and kind == "result" and payload.get("oom"):
+                    # The others may be waiting inside a collective this rank left: end them
+                    # at once, there is nothing to wait for.
+                    self.stop(grace_s=0.0)
+                    return None
+            self._check_alive(answers, what)
+        return [answers[rank] for rank in range(len(self.pipes))]
+
+    def _check_alive(self, answers: dict[int, tuple[str, Any]], what: str) -> None:
+        for rank, process in enumerate(self.processes):
+            if rank not in answers and not process.is_alive() and not self.pipes[rank].poll():
+                code = process.exitcode
+                self.stop()
+                raise RankFailedError(
+                    f"rank {rank} exited with status {code} before answering ({what}){_hint(what)}"
+                )
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Ask every rank to leave, then end those still there after ``grace_s``."""
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError, ValueError):  # a rank that has already gone
+                pipe.send(("stop", 0))
+        deadline = time.monotonic() + grace_s
+        for process in self.processes:
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
+        for pipe in self.pipes:
+            pipe.close()
+        self.processes, self.pipes = [], []
+
+
+def _hint(what: str) -> str:
+    if what != "start":
+        return ""
+    # The usual cause: each rank is a fresh interpreter that imports the caller's script.
+    return (
+        "; if you called this from a script, put the call under "
+        "`if __name__ == '__main__':` (each rank is a new Python process importing it)"
+    )
+
+
+def combine(size: int, results: list[ProbeResult], settings: ProbeSettings) -> ProbeResult:
+    """One probe from every rank's: peaks are the largest over ranks, it fits only when it
+    fits on every rank, the breakdown is that of the rank with the largest peak, and the
+    step time is the slowest rank's (the step ends when the last rank's does)."""
+    peaks = [r.peak_reserved_bytes or 0 for r in results]
+    worst = results[max(range(len(results)), key=lambda i: peaks[i])]
+    phases: dict[str, int] = {}
+    for result in results:
+        for phase, value in result.phase_peaks_bytes.items():
+            phases[phase] = max(phases.get(phase, 0), value)
+    step_times = [r.step_time_s for r in results if r.step_time_s is not None]
+    step_time = max(step_times) if len(step_times) == len(results) else None
+    samples = size * settings.microbatches_per_step
+    return ProbeResult(
+        micro_batch_size=size,
+        fits=all(r.fits for r in results),
+        oom=any(r.oom for r in results),
+        peak_allocated_bytes=max((r.peak_allocated_bytes or 0 for r in results), default=None),
+        peak_reserved_bytes=max(peaks),
+        non_torch_bytes=max(r.non_torch_bytes for r in results),
+        alloc_retries=max(r.alloc_retries for r in results),
+        phase_peaks_bytes=phases,
+        breakdown=worst.breakdown,
+        rank_peaks_bytes=peaks,
+        rank_breakdowns=[r.breakdown for r in results if r.breakdown is not None],
+        step_time_s=step_time,
+        samples_per_second=samples / step_time if step_time else None,
+        steps_run=max(r.steps_run for r in results),
+        wall_time_s=max(r.wall_time_s for r in results),
+        error=next((r.error for r in results if r.error), None),
+    )
+
+
+def out_of_memory_on_a_rank(size: int, wall_time_s: float) -> ProbeResult:
+    return ProbeResult(
+        micro_batch_size=size,
+        fits=False,
+        oom=True,
+        wall_time_s=wall_time_s,
+        error="out of memory on at least one rank; every rank counts it as does not fit",
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def rank_error(exc: BaseException) -> tuple[str, str]:
+    """What a rank sends back for an exception that is not an out-of-memory."""
+    if isinstance(exc, BadInputError | WorkloadError):
+        return "bad_input", exc.message
+    return "error", "".join(traceback.format_exception(exc)).rstrip()
+
+
+# Collectives give up after this long, so a rank is never stuck for ever, even when the
+# coordinator is killed before it can end the ranks.
+PROCESS_GROUP_TIMEOUT = timedelta(seconds=PROBE_TIMEOUT_S)
+
+
+def profile_distributed(
+    target: str,
+    *,
+    options: Mapping[str, Any] | None = None,
+    device: str,
+    memory_limit_bytes: int | None,
+    world_size: int,
+    parallel: Parallel,
+    headroom: float,
+    strategy: str,
+    size_cap: int,
+    settings: ProbeSettings | None = None,
+    observer: ProbeObserver | None = None,
+    probe_timeout_s: float = PROBE_TIMEOUT_S,
+) -> Profile:
+    """Find the largest micro batch that fits on every one of ``world_size`` ranks.
+
+    The workload is loaded by ``target`` in each rank (a process cannot receive another's
+    model), wrapped for ``parallel`` and probed at the sizes one search picks.
+    """
+    validate_search_settings(headroom=headroom, size_cap=size_cap, strategy=strategy)
+    check_world_size(device, world_size, memory_limit_bytes)
+    settings = settings or ProbeSettings()
+    started = time.perf_counter()
+    group = RankGroup(
+        RankRequest(
+            target=target,
+            options=dict(options or {}),
+            device=device,
+            memory_limit_bytes=memory_limit_bytes,
+            world_size=world_size,
+            parallel=parallel,
+            headroom=headroom,
+            settings=settings,
+            port=0,
+        )
+    )
+    ready = group.start()
+
+    def probe(size: int) -> ProbeResult:
+        if observer is not None:
+            observer.probe_started(size)
+        probe_started = time.perf_counter()
+        if not group.processes:
+            group.start()
+        results = group.probe(size, probe_timeout_s)
+        result = (
+            out_of_memory_on_a_rank(size, time.perf_counter() - probe_started)
+            if results is None
+            else combine(size, results, settings)
+        )
+        if observer is not None:
+            observer.probe_finished(result)
+        return result
+
+    try:
+        outcome = run_search(strategy, probe, cap=size_cap, budget_bytes=ready.budget_bytes)
+    finally:
+        group.stop()
+    return build_profile(
+        keys=(ready.workload_key, ready.device_key),
+        workload=WorkloadInfo.model_validate(ready.workload_info),
+        device=DeviceInfo.model_validate(ready.device_info),
+        headroom=headroom,
+        budget_bytes=ready.budget_bytes,
+        strategy=strategy,
+        size_cap=size_cap,
+        outcome=outcome,
+        settings=settings,
+        world_size=world_size,
+        parallel=parallel,
+        wall_time_s=time.perf_counter() - started,
+    )

@@ -1,0 +1,91 @@
+"""One rank of a profile at world size W: set up, then probe the sizes it is sent.
+
+Runs in a process of its own (started by :mod:`tuner.engine.launch`). It joins the
+process group, loads the workload by target, moves it to its device, wraps it for the
+declared parallel mode and answers each ``("probe", size)`` with its own
+:class:`ProbeResult`, until ``("stop", 0)`` or the pipe closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.connection
+import os
+from typing import Any
+
+from tuner.engine.launch import PROCESS_GROUP_TIMEOUT, RankReady, RankRequest, rank_error
+
+
+def rank_main(rank: int, request: RankRequest, conn: multiprocessing.connection.Connection) -> None:
+    import torch
+    import torch.distributed as dist
+
+    # Ranks share the machine's cores; more threads than cores per rank only contend.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // request.world_size))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(request.port))
+    cuda = request.device.startswith("cuda")
+    try:
+        if cuda:
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            rank=rank,
+            world_size=request.world_size,
+            timeout=PROCESS_GROUP_TIMEOUT,
+        )
+        try:
+            _serve(rank, request, conn)
+        finally:
+            dist.destroy_process_group()
+    except Exception as exc:
+        _send(conn, rank_error(exc))
+    finally:
+        conn.close()
+
+
+def _serve(rank: int, request: RankRequest, conn: multiprocessing.connection.Connection) -> None:
+    from tuner.engine.backends import make_backend
+    from tuner.engine.fingerprint import device_key, workload_key
+    from tuner.engine.probe import Prober
+    from tuner.engine.profiler import workload_info
+    from tuner.engine.workload import load_workload
+
+    device = f"cuda:{rank}" if request.device.startswith("cuda") else "cpu"
+    backend = make_backend(device, memory_limit_bytes=request.memory_limit_bytes)
+    workload = load_workload(request.target, dict(request.options))
+    workload.parallel = request.parallel
+    with (
+        backend.session(),
+        Prober(
+            workload,
+            backend,
+            headroom=request.headroom,
+            settings=request.settings,
+            rank=rank,
+        ) as prober,
+    ):
+        ready: Any = "ready"
+        if rank == 0:
+            ready = RankReady(
+                workload_key=workload_key(workload, prober.optimizer),
+                device_key=device_key(backend),
+                workload_info=workload_info(workload, prober.optimizer).model_dump(mode="json"),
+                device_info=backend.describe().model_dump(mode="json"),
+                budget_bytes=prober.budget_bytes,
+            )
+        conn.send(("ready", ready))
+        while True:
+            try:
+                kind, size = conn.recv()
+            except EOFError:
+                return
+            if kind != "probe":
+                return
+            result = prober(size)
+            conn.send(("result", result.model_dump(mode="json")))
+
+
+def _send(conn: multiprocessing.connection.Connection, message: tuple[str, str]) -> None:
+    # When the coordinator is gone nothing is waiting for this rank's answer.
+    with contextlib.suppress(OSError, ValueError):
+        conn.send(message)
