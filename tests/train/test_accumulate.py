@@ -240,3 +240,12 @@ def load_cnn():
     from tuner.engine.workload import load_workload
 
     return load_workload("examples.cnn:workload", {"width": 4, "image_size": 8})
+
+
+def test_a_parallel_workload_outside_torch_distributed_is_refused_in_one_line() -> None:
+    from tuner.core.parallel import Parallel
+
+    workload = tiny_gpt()
+    workload.parallel = Parallel(mode="ddp")
+    with pytest.raises(BadInputError, match=r"initialize torch\.distributed first"):
+        Accumulator.for_workload(workload, 4)

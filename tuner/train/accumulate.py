@@ -130,6 +130,14 @@ class Accumulator:
         profiled (the process group must be initialized), then its optimizer built."""
         model = workload.model
         if workload.parallel.distributed:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                raise BadInputError(
+                    f"{workload.name} is declared {workload.parallel.mode}: initialize "
+                    "torch.distributed first (run under torchrun), or train in one process "
+                    "with workload.parallel = Parallel()"
+                )
             check_parallel(workload, workload.parallel, _world().size)
             model = parallelize(workload, workload.parallel, _device_of(model))
         return cls(
