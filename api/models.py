@@ -91,6 +91,9 @@ class Workload(Base):
     activation_checkpointing: Mapped[bool] = mapped_column(Boolean)
     parameter_count: Mapped[int] = mapped_column(BigInteger)
     optimizer: Mapped[str] = mapped_column(String(100))
+    # none, ddp or fsdp: part of the key when not none, so one name may have a workload
+    # of each mode; a question that names the mode picks among them.
+    parallel_mode: Mapped[str] = mapped_column(String(8), default="none", server_default="none")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -114,6 +117,14 @@ class Profile(Base):
         Index("ix_profiles_created_id", "created_at", "id"),
         Index("ix_profiles_workload_created_id", "workload_id", "created_at", "id"),
         Index("ix_profiles_device_created_id", "device_id", "created_at", "id"),
+        # The newest profile of a pair at one world size is one index probe too.
+        Index(
+            "ix_profiles_workload_device_world_created",
+            "workload_id",
+            "device_id",
+            "world_size",
+            "created_at",
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -131,6 +142,13 @@ class Profile(Base):
     settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
     oversize_probe: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     wall_time_s: Mapped[float] = mapped_column(Float)
+    # Ranks the probes ran on, and how (``tuner.core.parallel.Parallel`` as JSON);
+    # ``parallel_mode`` repeats its mode as a column that queries filter on.
+    world_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    parallel_mode: Mapped[str] = mapped_column(String(8), default="none", server_default="none")
+    parallel: Mapped[dict[str, Any]] = mapped_column(
+        default=lambda: {"mode": "none"}, server_default='{"mode": "none"}'
+    )
 
     workload: Mapped[Workload] = relationship(lazy="joined", innerjoin=True)
     device: Mapped[Device] = relationship(lazy="joined", innerjoin=True)
@@ -158,6 +176,11 @@ class Probe(Base):
     alloc_retries: Mapped[int] = mapped_column(Integer)
     phase_peaks_bytes: Mapped[dict[str, Any]] = mapped_column(default=dict)
     breakdown: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # At a world size: each rank's reserved peak and breakdown (empty in one process).
+    rank_peaks_bytes: Mapped[list[int]] = mapped_column(JSON, default=list, server_default="[]")
+    rank_breakdowns: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSON, default=list, server_default="[]"
+    )
     step_time_s: Mapped[float | None] = mapped_column(Float)
     samples_per_second: Mapped[float | None] = mapped_column(Float)
     steps_run: Mapped[int] = mapped_column(Integer)
