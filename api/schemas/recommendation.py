@@ -31,9 +31,10 @@ class RecommendationQuery(RequestModel):
         description="data-parallel ranks; must divide global_batch_size",
     )
     policy: plan.Policy = Field(
-        default="max",
-        description="max: largest fitting micro batch; even: equal micro batches when within "
-        "5% of max's throughput; throughput: fastest measured",
+        default=plan.DEFAULT_POLICY,
+        description="balanced (default): the fewest micro batches that fit, sizes within one "
+        "of each other; max: largest fitting micro batch first, the remainder last; even: "
+        "equal micro batches when within 5% of max's throughput; throughput: fastest measured",
     )
 
     @field_validator("world_size")

@@ -62,7 +62,8 @@ def test_upload_then_get_list_and_recommend(client: TunerClient) -> None:
     )
     assert report.micro_batch_size == 12
     lowered = client.recommend(workload="gpt-test", device="cpu-test", global_batch_size=40)
-    assert (lowered.micro_batch_size, lowered.oom_limit) == (11, 12)
+    # Below the OOM, M* = 11: 40 samples in 4 balanced micro batches of 10.
+    assert (lowered.max_micro_batch_size, lowered.split, lowered.oom_limit) == (11, [10] * 4, 12)
 
 
 def test_pages_and_time_filters(client: TunerClient) -> None:

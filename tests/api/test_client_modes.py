@@ -70,8 +70,8 @@ def test_upload_get_list_recommend_and_report(client: TunerClient) -> None:
     answer = client.recommend(workload="gpt-test", device="cpu-test", global_batch_size=40)
     assert type(answer) is RecommendationPublic
     assert (answer.micro_batch_size, answer.split, answer.basis) == (
-        12,
-        [12, 12, 12, 4],
+        10,
+        [10, 10, 10, 10],
         "measured",
     )
     assert answer.profile_id == stored.id
@@ -81,7 +81,7 @@ def test_upload_get_list_recommend_and_report(client: TunerClient) -> None:
     )
     assert (report.micro_batch_size, report.message) == (12, "OOM")
     lowered = client.recommend(workload="gpt-test", device="cpu-test", global_batch_size=40)
-    assert (lowered.micro_batch_size, lowered.oom_limit) == (11, 12)
+    assert (lowered.max_micro_batch_size, lowered.oom_limit) == (11, 12)
 
 
 def test_errors_are_the_same_type_with_the_same_message_in_both_modes(

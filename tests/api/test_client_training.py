@@ -29,6 +29,7 @@ from tuner.core.errors import (
     NothingFitsError,
     ServiceUnavailableError,
 )
+from tuner.core.plan import balanced_split
 from tuner.engine.backends import CpuBackend, iter_tensors, make_backend
 from tuner.engine.batching import batch_tensors
 from tuner.engine.fingerprint import device_key, workload_key
@@ -110,7 +111,8 @@ def test_profiled_once_uploaded_then_served_from_the_stored_profile(
     assert plan.basis == "measured"
     (stored,) = client.list_profiles().data
     assert plan.profile_id == stored.id
-    assert 1 < plan.micro_batch_size == stored.max_micro_batch_size < BATCH
+    assert 1 < plan.micro_batch_size <= stored.max_micro_batch_size < BATCH
+    assert plan.split == balanced_split(BATCH, stored.max_micro_batch_size)
     assert sum(plan.split) * plan.world_size == BATCH  # global batch = micro × accum × world
     assert plan.grad_accum == len(plan.split)
     # The user's model is as it was, and its optimizer holds no state from the probes.
@@ -140,7 +142,8 @@ def test_an_oom_in_training_reported_to_the_service_lowers_the_next_plan(
     client: TunerClient, profiled: ProfileCalls
 ) -> None:
     workload = mlp()
-    plan = plan_for(workload, client)
+    # max: the accumulator runs M* itself, the size the profile's fit is measured around.
+    plan = plan_for(workload, client, policy="max")
     largest = plan.micro_batch_size
     fit = client.get_profile(plan.profile_id).fit
     assert fit is not None
@@ -162,7 +165,7 @@ def test_an_oom_in_training_reported_to_the_service_lowers_the_next_plan(
     assert [r.micro_batch_size for r in reports] == [largest, largest // 2]
     assert reporter.reported == [largest]
     profiled.forbid()
-    lowered = plan_for(workload, client)
+    lowered = plan_for(workload, client, policy="max")
     assert (lowered.oom_limit, lowered.micro_batch_size) == (largest, largest - 1)
     assert lowered.profile_id == plan.profile_id
 

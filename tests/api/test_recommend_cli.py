@@ -58,9 +58,11 @@ def test_recommend_prints_the_settings_and_where_they_come_from(
     )
     lines = done.stdout.splitlines()
     assert lines[0] == expected.describe()
-    assert f"measured by profile {stored['id']}" in lines[1]
-    assert "expected peak 220 MiB" in lines[2]
-    assert "90.0 samples/s" in lines[2]
+    assert lines[1] == expected.reason
+    assert lines[1].startswith("balanced: ")
+    assert f"measured by profile {stored['id']}" in lines[2]
+    assert "expected peak 220 MiB" in lines[3]
+    assert "90.0 samples/s" in lines[3]
 
 
 def test_recommend_json_with_url_and_token_options(
@@ -219,9 +221,10 @@ def test_recommend_in_process_shows_an_estimate_and_the_oom_limit(
     out = capsys.readouterr().out.splitlines()
     assert status == 0
     assert out[0] == "micro batch 39 × 2 accumulation steps = global batch 78"
-    assert "estimated from profile 1 on device " + "d" * 24 in out[1]
-    assert out[2].startswith("estimated: expected peak 490 MiB, headroom 310 MiB")
-    assert "kept below micro batch 40" in out[3]
+    assert out[1] == "balanced: 2 equal micro batches of 39, the fewest that fit M* = 39"
+    assert "estimated from profile 1 on device " + "d" * 24 in out[2]
+    assert out[3].startswith("estimated: expected peak 490 MiB, headroom 310 MiB")
+    assert "kept below micro batch 40" in out[4]
 
     status = main([*ASK, "--global-batch-size", "8", "--device", "nothing-here"])
     assert status == 1

@@ -34,6 +34,7 @@ def _ok(response: httpx.Response) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("policy", "micro", "split"),
     [
+        ("balanced", 10, [10, 10, 10, 10]),
         ("max", 12, [12, 12, 12, 4]),
         ("even", 10, [10, 10, 10, 10]),
         ("throughput", 8, [8, 8, 8, 8, 8]),
@@ -53,6 +54,7 @@ def test_each_policy_over_one_measured_profile(
     assert sum(split) * 2 == 80
     assert answer["per_rank_batch_size"] == 40
     assert answer["policy"] == policy
+    assert answer["reason"].startswith(f"{policy}: ")
     assert answer["basis"] == "measured"
     peak = (100 + 10 * micro) * MiB  # the sample probes' footprint
     assert answer["expected_peak_bytes"] == peak
@@ -92,14 +94,15 @@ def test_a_device_never_profiled_gets_an_estimate_from_another_devices_fit(
 ) -> None:
     big = {"key": "g" * 24, "kind": "cuda", "name": "big-gpu", "capacity_bytes": 800 * MiB}
     assert http.post("/api/v1/devices", json=big).status_code == 201
-    # fit: 100 MiB + 10 MiB per sample; budget 95% of 800 MiB = 760 MiB -> 66 samples.
+    # fit: 100 MiB + 10 MiB per sample; budget 95% of 800 MiB = 760 MiB -> 66 samples,
+    # and 128 in two balanced micro batches of 64.
     for device in ("big-gpu", "g" * 24):
         answer = _ok(recommendation(http, device=device, global_batch_size=128))
         assert answer["basis"] == "estimated"
         assert answer["max_micro_batch_size"] == 66
-        assert answer["split"] == [66, 62]
-        assert answer["expected_peak_bytes"] == (100 + 10 * 66) * MiB
-        assert answer["expected_headroom_bytes"] == 800 * MiB - (100 + 10 * 66) * MiB
+        assert answer["split"] == [64, 64]
+        assert answer["expected_peak_bytes"] == (100 + 10 * 64) * MiB
+        assert answer["expected_headroom_bytes"] == 800 * MiB - (100 + 10 * 64) * MiB
         assert answer["expected_samples_per_second"] is None  # speed does not carry over
         assert answer["device_key"] == "g" * 24
         assert answer["profile_device_key"] == "d" * 24
@@ -141,7 +144,7 @@ def test_an_oom_report_lowers_recommendations_until_a_newer_profile(
     assert report.json()["micro_batch_size"] == 10
     assert _report(http, 11).status_code == 201  # a larger OOM changes nothing
 
-    for policy in ("max", "even", "throughput"):
+    for policy in ("balanced", "max", "even", "throughput"):
         answer = _ok(recommendation(http, global_batch_size=36, policy=policy))
         assert answer["micro_batch_size"] <= 9
         assert answer["oom_limit"] == 10
@@ -171,11 +174,12 @@ def test_an_oom_report_also_lowers_an_estimate(
     http.post("/api/v1/devices", json=big)
     assert _report(http, 40, device="big-gpu").status_code == 201
     answer = _ok(recommendation(http, device="big-gpu", global_batch_size=128))
-    assert (answer["basis"], answer["micro_batch_size"], answer["oom_limit"]) == (
+    assert (answer["basis"], answer["max_micro_batch_size"], answer["oom_limit"]) == (
         "estimated",
         39,
         40,
     )
+    assert answer["split"] == [32] * 4  # 128 in the fewest micro batches below 40
 
 
 def test_bad_oom_reports_are_refused(http: httpx.Client, measured: dict[str, Any]) -> None:
@@ -188,7 +192,11 @@ def test_bad_oom_reports_are_refused(http: httpx.Client, measured: dict[str, Any
 
 BAD_QUERIES: list[tuple[dict[str, Any], str, str]] = [
     ({"global_batch_size": 40, "world_size": 3}, "world_size", "not divisible by world size 3"),
-    ({"global_batch_size": 40, "policy": "fastest"}, "policy", "'max', 'even' or 'throughput'"),
+    (
+        {"global_batch_size": 40, "policy": "fastest"},
+        "policy",
+        "'balanced', 'max', 'even' or 'throughput'",
+    ),
     ({"global_batch_size": 0}, "global_batch_size", "greater than or equal to 1"),
     ({"global_batch_size": -8}, "global_batch_size", "greater than or equal to 1"),
     ({"global_batch_size": 2**40}, "global_batch_size", "less than or equal to"),
@@ -260,6 +268,7 @@ def test_openapi_documents_the_questions_parameters(http: httpx.Client) -> None:
         "device",
         "global_batch_size",
     ]
-    assert parameters["policy"]["schema"]["enum"] == ["max", "even", "throughput"]
+    assert parameters["policy"]["schema"]["enum"] == ["balanced", "max", "even", "throughput"]
+    assert parameters["policy"]["schema"]["default"] == "balanced"
     assert parameters["global_batch_size"]["schema"]["minimum"] == 1
     assert set(operation["responses"]) == {"200", "422"}

@@ -11,6 +11,7 @@ import torch
 
 from tests.helpers import run_tuner, tuner_executable
 from tuner.cli import main
+from tuner.core.plan import balanced_split, format_split
 from tuner.engine.fingerprint import workload_key
 from tuner.engine.workload import load_workload
 
@@ -69,9 +70,11 @@ def test_json_output_is_exactly_one_object_with_the_answer(
     assert probes[found]["samples_per_second"] > 0
     assert not probes[found + 1]["fits"]
     # micro batch × accumulation covers the global batch of 100 on one rank.
-    assert document["micro_batch_size"] == found
     assert document["grad_accum"] == -(-100 // found)
+    # Balanced by default: the fewest micro batches, sizes within one of each other.
+    assert document["micro_batch_size"] == -(-100 // document["grad_accum"])
     assert sum(document["recommendation"]["split"]) == 100
+    assert document["recommendation"]["policy"] == "balanced"
     # The key is the one this process computes for the same workload.
     options = {"in_features": 32, "hidden": 64, "layers": 2}
     workload = load_workload("examples.mlp:workload", options)
@@ -94,7 +97,13 @@ def test_human_output_shows_the_table_and_the_recommendation(
     # Bisect finds the same M* as the model search of the JSON run.
     assert f"largest micro batch that fits: {found}" in run.stdout
     assert "for global batch 100:" in run.stdout
-    assert f"{found} + {100 - found}" in run.stdout  # the split of one step
+    split = balanced_split(100, found)  # the split of one step
+    assert (
+        f"micro batch {split[0]} × {len(split)} accumulation step"
+        if len(set(split)) == 1
+        else format_split(split)
+    ) in run.stdout
+    assert "why       balanced:" in run.stdout
 
 
 @pytest.mark.slow  # the first of these waits for every subprocess

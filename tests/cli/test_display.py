@@ -126,7 +126,8 @@ def test_print_profile_reports_keys_fit_answer_and_recommendation() -> None:
     assert "largest micro batch that fits: 8" in text
     assert "(the --max cap)" not in text
     assert "for global batch 20:" in text
-    assert "2×8 + 4" in text
+    assert "2×7 + 6" in text  # balanced: 3 micro batches, within one of each other
+    assert "why       balanced: the fewest micro batches that fit M* = 8" in text
 
 
 def test_print_profile_marks_an_answer_bound_by_the_cap() -> None:

@@ -7,7 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tuner.core.errors import BadInputError, NothingFitsError
-from tuner.core.plan import POLICIES, format_split, per_rank_batch, recommend, split_batch
+from tuner.core.plan import (
+    DEFAULT_POLICY,
+    POLICIES,
+    balanced_split,
+    format_split,
+    per_rank_batch,
+    recommend,
+    split_batch,
+)
 from tuner.core.results import ProbeResult
 
 
@@ -42,14 +50,18 @@ def test_split_batch_lists_full_micro_batches_then_the_remainder(
 
 
 def test_max_policy_even_split_keeps_the_global_batch() -> None:
-    plan = recommend(max_micro_batch_size=32, probes=[], global_batch_size=256, world_size=2)
+    plan = recommend(
+        max_micro_batch_size=32, probes=[], global_batch_size=256, world_size=2, policy="max"
+    )
     assert (plan.micro_batch_size, plan.grad_accum, plan.split) == (32, 4, [32] * 4)
     assert plan.per_rank_batch_size == 128
     assert plan.micro_batch_size * plan.grad_accum * plan.world_size == plan.global_batch_size
 
 
 def test_max_policy_uneven_split_sums_to_the_per_rank_batch() -> None:
-    plan = recommend(max_micro_batch_size=30, probes=[], global_batch_size=200, world_size=2)
+    plan = recommend(
+        max_micro_batch_size=30, probes=[], global_batch_size=200, world_size=2, policy="max"
+    )
     assert plan.split == [30, 30, 30, 10]
     assert plan.grad_accum == 4
     assert sum(plan.split) * plan.world_size == 200
@@ -87,7 +99,7 @@ def test_nothing_fits_means_no_recommendation(m_star: int) -> None:
 
 def test_max_policy_reports_the_measured_probe_at_the_chosen_size() -> None:
     probes = [probe(1, speed=10.0), probe(30, speed=200.0, peak=12345), probe(31, fits=False)]
-    plan = recommend(max_micro_batch_size=30, probes=probes, global_batch_size=100)
+    plan = recommend(max_micro_batch_size=30, probes=probes, global_batch_size=100, policy="max")
     assert plan.expected_peak_bytes == 12345
     assert plan.expected_samples_per_second == 200.0
     assert plan.basis == "measured"
@@ -174,7 +186,9 @@ def test_describe_single_step_is_singular() -> None:
 
 
 def test_describe_names_ranks_and_the_uneven_split() -> None:
-    plan = recommend(max_micro_batch_size=31, probes=[], global_batch_size=400, world_size=4)
+    plan = recommend(
+        max_micro_batch_size=31, probes=[], global_batch_size=400, world_size=4, policy="max"
+    )
     text = plan.describe()
     for part in (
         "micro batch 31",
@@ -182,14 +196,69 @@ def test_describe_names_ranks_and_the_uneven_split() -> None:
         "4 ranks",
         "global batch 400",
         "3×31 + 7",
-        "7 samples",
     ):
         assert part in text, (part, text)
 
 
+def test_quickstart_balanced_default_gives_four_micro_batches_of_64() -> None:
+    """M* = 65 and B = 256: max runs 3×65 + 61, balanced the same 4 steps of 64."""
+    probes = [probe(1, speed=10.0), probe(65, speed=90.0, peak=6500), probe(66, fits=False)]
+    plan = recommend(max_micro_batch_size=65, probes=probes, global_batch_size=256)
+    assert plan.policy == DEFAULT_POLICY == "balanced"
+    assert (plan.micro_batch_size, plan.grad_accum, plan.split) == (64, 4, [64] * 4)
+    assert "micro batch 64 × 4 accumulation steps = global batch 256" in plan.describe()
+    # 64 was never probed: the numbers are those of 65, a measured upper bound on the peak.
+    assert (plan.expected_peak_bytes, plan.expected_samples_per_second) == (6500, 90.0)
+    assert plan.measured_samples_per_second == {1: 10.0, 65: 90.0}
+    maximal = recommend(max_micro_batch_size=65, probes=probes, global_batch_size=256, policy="max")
+    assert maximal.split == [65, 65, 65, 61]
+
+
+def test_balanced_split_of_an_awkward_batch() -> None:
+    # The dashboard's case: 256 with M* = 31 is 8×31 + 8 under max, 9 steps of 28 or 29 here.
+    plan = recommend(max_micro_batch_size=31, probes=[], global_batch_size=256)
+    assert plan.split == [29] * 4 + [28] * 5
+    assert "4×29 + 5×28" in plan.describe()
+    assert plan.micro_batch_size == 29
+    assert recommend(
+        max_micro_batch_size=31, probes=[], global_batch_size=256, policy="max"
+    ).split == [31] * 8 + [8]
+
+
+@pytest.mark.parametrize(
+    ("policy", "probes", "global_batch", "words"),
+    [
+        ("balanced", [], 256, ["fewest micro batches", "M* = 31", "29, not 31"]),
+        ("balanced", [], 248, ["8 equal micro batches of 31"]),
+        ("max", [], 256, ["largest", "M* = 31", "remainder 8"]),
+        ("even", [], 256, ["no divisor of 256", "measured throughput"]),
+        ("even", [probe(31, speed=100.0), probe(16, speed=99.0)], 256, ["16 divides 256"]),
+        ("throughput", [probe(8, speed=50.0), probe(31, speed=40.0)], 256, ["8 ran fastest"]),
+        ("throughput", [], 256, ["no throughput was measured"]),
+        ("max", [], 20, ["whole batch of 20 fits in one micro batch"]),
+    ],
+)
+def test_every_policy_says_why_in_one_line(
+    policy: str, probes: list[ProbeResult], global_batch: int, words: list[str]
+) -> None:
+    plan = recommend(
+        max_micro_batch_size=31, probes=probes, global_batch_size=global_batch, policy=policy
+    )
+    assert plan.reason.startswith(f"{policy}: ")
+    assert "\n" not in plan.reason
+    for word in words:
+        assert word in plan.reason, (word, plan.reason)
+
+
 @pytest.mark.parametrize(
     ("split", "text"),
-    [([12, 12, 12, 4], "3×12 + 4"), ([5], "5"), ([7, 3], "7 + 3"), ([4, 4], "2×4")],
+    [
+        ([12, 12, 12, 4], "3×12 + 4"),
+        ([5], "5"),
+        ([7, 3], "7 + 3"),
+        ([4, 4], "2×4"),
+        ([29, 29, 28, 28, 28], "2×29 + 3×28"),
+    ],
 )
 def test_format_split(split: list[int], text: str) -> None:
     assert format_split(split) == text
@@ -204,7 +273,11 @@ def test_split_property_sums_to_per_rank_batch_and_respects_m_star(
     per_rank: int, world: int, m_star: int
 ) -> None:
     plan = recommend(
-        max_micro_batch_size=m_star, probes=[], global_batch_size=per_rank * world, world_size=world
+        max_micro_batch_size=m_star,
+        probes=[],
+        global_batch_size=per_rank * world,
+        world_size=world,
+        policy="max",
     )
     split = plan.split
     assert sum(split) == per_rank
@@ -216,3 +289,52 @@ def test_split_property_sums_to_per_rank_batch_and_respects_m_star(
     assert plan.micro_batch_size == split[0] == min(m_star, per_rank)
     # The fewest steps possible with micro batches of at most M*.
     assert plan.grad_accum == -(-per_rank // m_star)
+
+
+@given(
+    per_rank=st.integers(min_value=1, max_value=5000),
+    world=st.integers(min_value=1, max_value=16),
+    m_star=st.integers(min_value=1, max_value=6000),
+)
+def test_balanced_property_fewest_micro_batches_within_one_of_each_other(
+    per_rank: int, world: int, m_star: int
+) -> None:
+    plan = recommend(
+        max_micro_batch_size=m_star, probes=[], global_batch_size=per_rank * world, world_size=world
+    )
+    split = plan.split
+    fewest = -(-per_rank // m_star)  # k = ⌈b / M*⌉
+    assert sum(split) == per_rank
+    assert len(split) == plan.grad_accum == fewest
+    assert max(split) - min(split) <= 1
+    assert all(1 <= size <= m_star for size in split)
+    assert split == sorted(split, reverse=True)  # the larger ones first
+    assert plan.micro_batch_size == max(split) == -(-per_rank // fewest)
+    assert split == balanced_split(per_rank, m_star)
+
+
+@given(
+    policy=st.sampled_from(POLICIES),
+    per_rank=st.integers(min_value=1, max_value=600),
+    m_star=st.integers(min_value=1, max_value=700),
+    speeds=st.dictionaries(
+        st.integers(min_value=1, max_value=700),
+        st.floats(min_value=0.1, max_value=1e5, allow_nan=False),
+        max_size=6,
+    ),
+)
+def test_every_policy_property_sums_to_the_batch_and_fits(
+    policy: str, per_rank: int, m_star: int, speeds: dict[int, float]
+) -> None:
+    probes = [probe(size, speed=speed, fits=size <= m_star) for size, speed in speeds.items()]
+    plan = recommend(
+        max_micro_batch_size=m_star, probes=probes, global_batch_size=per_rank, policy=policy
+    )
+    assert sum(plan.split) == per_rank
+    assert all(1 <= size <= min(m_star, per_rank) for size in plan.split)
+    assert plan.grad_accum == len(plan.split)
+    assert plan.micro_batch_size == max(plan.split)
+    assert len(set(plan.split)) <= 2  # at most two sizes in any policy's split
+    assert plan.reason.startswith(f"{policy}: ")
+    if policy in ("balanced", "max"):
+        assert plan.grad_accum == -(-per_rank // m_star)

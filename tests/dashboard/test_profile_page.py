@@ -154,6 +154,7 @@ def test_the_calculator_agrees_with_the_recommendation_api(
     page = signed_in(tab, reader).open(f"/profiles/{profile_id}")
     page.wait_for_function("() => document.getElementById('calc-form').dataset.state === 'done'")
     for global_batch, world, policy in (
+        (1000, 8, "balanced"),
         (256, 1, "max"),
         (1000, 8, "max"),
         (96, 1, "even"),
@@ -175,9 +176,14 @@ def test_the_calculator_agrees_with_the_recommendation_api(
         assert shown_split is not None
         assert [int(s) for s in shown_split.strip("[]").split(",")] == expected["split"]
         assert page.locator("#calc-error").is_hidden()
-    # 1000 over 8 ranks is 125 a rank: 2×56 + 13, the last micro batch smaller.
+        assert page.locator("#calc-reason").inner_text() == expected["reason"]
+    # 1000 over 8 ranks is 125 a rank: 2×56 + 13 under max, the last micro batch smaller;
+    # balanced (the form's default) runs the same 3 micro batches as 2×42 + 41.
     calculate(page, 1000, 8, "max")
     assert page.locator("#calc-split").inner_text().startswith("2×56 + 13 = 125 samples a step")
+    calculate(page, 1000, 8, "balanced")
+    assert page.locator("#calc-split").inner_text().startswith("2×42 + 41 = 125 samples a step")
+    assert page.locator("#calc-reason").inner_text().startswith("balanced: the fewest")
     tab.screenshot("profile-calculator")
 
 

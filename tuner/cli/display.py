@@ -160,5 +160,6 @@ def print_profile(
             + recommendation.describe(),
             highlight=False,
         )
+        console.print(f"why       {recommendation.reason}", highlight=False, markup=False)
     for line in advice or []:
         console.print(f"advice    {line}", highlight=False)

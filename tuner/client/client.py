@@ -217,7 +217,7 @@ class TunerClient:
         device: str,
         global_batch_size: int,
         world_size: int = 1,
-        policy: str = "max",
+        policy: str = plan.DEFAULT_POLICY,
         fallback: None = None,
     ) -> RecommendationPublic: ...
 
@@ -229,7 +229,7 @@ class TunerClient:
         device: str,
         global_batch_size: int,
         world_size: int = 1,
-        policy: str = "max",
+        policy: str = plan.DEFAULT_POLICY,
         fallback: Fallback,
     ) -> plan.Recommendation: ...
 
@@ -240,7 +240,7 @@ class TunerClient:
         device: str,
         global_batch_size: int,
         world_size: int = 1,
-        policy: str = "max",
+        policy: str = plan.DEFAULT_POLICY,
         fallback: Fallback | None = None,
     ) -> plan.Recommendation:
         """Micro batch and accumulation steps for ``workload`` (key or name) on ``device``.
@@ -543,4 +543,5 @@ def _settings_of(fallback: tuple[int, int], question: Question, per_rank: int) -
         "expected_peak_bytes": None,
         "expected_samples_per_second": None,
         "basis": "estimated",  # the caller's numbers, not measured
+        "reason": f"the caller's fallback: micro batch {micro}, the remainder last",
     }

@@ -3,9 +3,11 @@ all call this one module.
 
     global batch = micro batch × accumulation steps × world size
 
-When the per-rank batch ``B / W`` is not a multiple of the micro batch, the last
-micro batch of each step is smaller: ``split`` lists every micro batch of one step on
-one rank, and it always sums to ``B / W``.
+``split`` lists every micro batch of one step on one rank, and it always sums to
+``b = B / W``. The default policy, ``balanced``, takes the fewest micro batches that fit,
+``k = ⌈b / M*⌉``, and sizes that differ by at most one: with ``b = q·k + r``, ``r`` micro
+batches of ``q + 1`` and ``k − r`` of ``q``. It runs as many steps as ``max`` (``M*``
+first, the remainder last) with a peak no higher, usually lower.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from pydantic import BaseModel, ConfigDict
 from tuner.core.errors import BadInputError, NothingFitsError
 from tuner.core.results import AffineFit, ProbeResult
 
-Policy = Literal["max", "even", "throughput"]
+Policy = Literal["balanced", "max", "even", "throughput"]
 POLICIES: tuple[str, ...] = get_args(Policy)
+DEFAULT_POLICY: Policy = "balanced"
 Basis = Literal["measured", "estimated"]
 
 # `even` gives up at most this fraction of the `max` policy's throughput for equal steps.
@@ -43,6 +46,11 @@ class Recommendation(BaseModel):
     basis: Basis
     # Device capacity less the expected footprint; None where either is unknown.
     expected_headroom_bytes: int | None = None
+    # Why the policy chose this split, in one line a person reads.
+    reason: str = ""
+    # Measured samples per second of each fitting probe up to M*: what an integration that
+    # runs equal micro batches only compares its choice with.
+    measured_samples_per_second: dict[int, float] = {}
 
     def describe(self) -> str:
         """One sentence a person reads: the settings and how a step splits."""
@@ -56,23 +64,37 @@ class Recommendation(BaseModel):
         return (
             f"micro batch {self.micro_batch_size}, {steps}: "
             f"{format_split(self.split)} = {self.per_rank_batch_size} samples a step{ranks} "
-            f"= global batch {self.global_batch_size} (the last micro batch of each step "
-            f"has {self.split[-1]} samples)"
+            f"= global batch {self.global_batch_size}"
         )
 
 
 def format_split(split: Sequence[int]) -> str:
-    """``[12, 12, 12, 4]`` reads as ``3×12 + 4``."""
-    full, last = split[0], split[-1]
-    count = sum(1 for s in split if s == full)
-    text = f"{count}×{full}" if count > 1 else str(full)
-    return text if last == full else f"{text} + {last}"
+    """Runs of equal sizes: ``[12, 12, 12, 4]`` reads ``3×12 + 4``, ``[29, 29, 28]``
+    reads ``2×29 + 28``."""
+    runs: list[tuple[int, int]] = []
+    for size in split:
+        if runs and runs[-1][0] == size:
+            runs[-1] = (size, runs[-1][1] + 1)
+        else:
+            runs.append((size, 1))
+    return " + ".join(f"{count}×{size}" if count > 1 else str(size) for size, count in runs)
 
 
 def split_batch(per_rank_batch_size: int, micro_batch_size: int) -> list[int]:
-    """Micro batch sizes of one step: full ones, then the remainder if any."""
+    """Micro batch sizes of one step: full ones, then the remainder if any (``max``)."""
     accum = math.ceil(per_rank_batch_size / micro_batch_size)
     return [micro_batch_size] * (accum - 1) + [per_rank_batch_size - micro_batch_size * (accum - 1)]
+
+
+def balanced_split(per_rank_batch_size: int, max_micro_batch_size: int) -> list[int]:
+    """The fewest micro batches of at most ``M*``, sizes within one of each other.
+
+    ``k = ⌈b / M*⌉``, ``b = q·k + r``: ``r`` micro batches of ``q + 1``, then ``k − r``
+    of ``q``. Each is at most ``M*`` because ``q + 1 ≤ ⌈b / k⌉ ≤ M*`` whenever ``r > 0``.
+    """
+    accum = math.ceil(per_rank_batch_size / max_micro_batch_size)
+    quotient, remainder = divmod(per_rank_batch_size, accum)
+    return [quotient + 1] * remainder + [quotient] * (accum - remainder)
 
 
 def largest_equal_micro_batch(per_rank_batch_size: int, max_micro_batch_size: int) -> int:
@@ -111,16 +133,21 @@ def recommend(
     probes: Sequence[ProbeResult],
     global_batch_size: int,
     world_size: int = 1,
-    policy: str = "max",
+    policy: str = DEFAULT_POLICY,
     basis: Basis = "measured",
     capacity_bytes: int | None = None,
 ) -> Recommendation:
     """Choose the micro batch and accumulation steps for ``B`` samples over ``W`` ranks.
 
-    - ``max``: the largest fitting micro batch, ``min(M*, B/W)``.
-    - ``even``: the largest divisor of ``B/W`` not above ``M*`` whose throughput is within
+    - ``balanced`` (default): ``k = ⌈b / M*⌉`` micro batches whose sizes differ by at most
+      one (``balanced_split``): as few steps as ``max``, a peak no higher.
+    - ``max``: the largest fitting micro batch, ``min(M*, b)``, then the remainder.
+    - ``even``: the largest divisor of ``b`` not above ``M*`` whose throughput is within
       5% of ``max``'s (every micro batch then has the same size).
     - ``throughput``: the fitting probe with the highest measured samples per second.
+
+    The expected peak and speed are those of the probe at the chosen micro batch, else of
+    the smallest larger size that was probed and fit: a measured upper bound on the peak.
     """
     if policy not in POLICIES:
         raise BadInputError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
@@ -131,13 +158,9 @@ def recommend(
         )
     largest = min(max_micro_batch_size, per_rank)
     speeds = _measured_speeds(probes)
-    micro = largest
-    if policy == "throughput" and speeds:
-        micro = max((m for m in speeds if m <= largest), key=lambda m: speeds[m], default=largest)
-    elif policy == "even":
-        micro = _even_choice(per_rank, largest, speeds)
-    split = split_batch(per_rank, micro)
-    probe = _probe_at(probes, micro)
+    split, reason = _choose(policy, per_rank, largest, max_micro_batch_size, speeds)
+    micro = split[0]
+    probe = _probe_at_or_above(probes, micro)
     footprint = probe.footprint_bytes if probe is not None else None
     return Recommendation(
         micro_batch_size=micro,
@@ -149,14 +172,59 @@ def recommend(
         policy=policy,  # type: ignore[arg-type]
         max_micro_batch_size=max_micro_batch_size,
         expected_peak_bytes=probe.peak_bytes if probe is not None else None,
-        expected_samples_per_second=speeds.get(micro),
+        expected_samples_per_second=probe.samples_per_second if probe is not None else None,
         basis=basis,
         expected_headroom_bytes=(
             capacity_bytes - footprint
             if capacity_bytes is not None and footprint is not None
             else None
         ),
+        reason=reason,
+        measured_samples_per_second={m: v for m, v in speeds.items() if m <= max_micro_batch_size},
     )
+
+
+def _choose(
+    policy: str, per_rank: int, largest: int, m_star: int, speeds: dict[int, float]
+) -> tuple[list[int], str]:
+    """The split ``policy`` takes and the one line that says why."""
+    fewest = math.ceil(per_rank / largest)
+    if per_rank <= m_star and policy != "throughput":
+        why = f"the whole batch of {per_rank} fits in one micro batch (M* = {m_star})"
+        return [per_rank], f"{policy}: {why}"
+    if policy == "balanced":
+        split = balanced_split(per_rank, largest)
+        if len(set(split)) == 1:
+            why = f"{fewest} equal micro batches of {split[0]}, the fewest that fit M* = {m_star}"
+        else:
+            why = (
+                f"the fewest micro batches that fit M* = {m_star} (⌈{per_rank} / {m_star}⌉ = "
+                f"{fewest}), sizes within one of each other, so the peak is that of "
+                f"{split[0]}, not {m_star}"
+            )
+        return split, f"balanced: {why}"
+    if policy == "throughput":
+        fastest = max((m for m in speeds if m <= largest), key=speeds.__getitem__, default=None)
+        if fastest is None:
+            why = f"no throughput was measured, so the largest that fits, M* = {m_star}"
+            return split_batch(per_rank, largest), f"throughput: {why}"
+        why = (
+            f"micro batch {fastest} ran fastest of the probes that fit "
+            f"({speeds[fastest]:.1f} samples/s)"
+        )
+        return split_batch(per_rank, fastest), f"throughput: {why}"
+    if policy == "even":
+        micro, why = _even_choice(per_rank, largest, speeds)
+        return split_batch(per_rank, micro), f"even: {why}"
+    split = split_batch(per_rank, largest)
+    if len(set(split)) == 1:
+        why = f"the largest micro batch that fits, M* = {m_star}, divides {per_rank}"
+    else:
+        why = (
+            f"the largest micro batch that fits, M* = {m_star}, first; "
+            f"the remainder {split[-1]} last"
+        )
+    return split, f"max: {why}"
 
 
 def below_oom(max_micro_batch_size: int, oom_limit: int | None) -> int:
@@ -193,7 +261,7 @@ def recommend_measured(
     capacity_bytes: int | None = None,
     global_batch_size: int,
     world_size: int = 1,
-    policy: str = "max",
+    policy: str = DEFAULT_POLICY,
     oom_limit: int | None = None,
 ) -> Recommendation:
     """The recommendation from a profile of this very device (its ``M*`` and probes), kept
@@ -219,7 +287,7 @@ def recommend_estimated(
     size_cap: int | None = None,
     global_batch_size: int,
     world_size: int = 1,
-    policy: str = "max",
+    policy: str = DEFAULT_POLICY,
     oom_limit: int | None = None,
 ) -> Recommendation:
     """The recommendation for a device never profiled, from another device's fit.
@@ -273,22 +341,38 @@ def _measured_speeds(probes: Sequence[ProbeResult]) -> dict[int, float]:
     }
 
 
-def _probe_at(probes: Sequence[ProbeResult], micro_batch_size: int) -> ProbeResult | None:
-    found = [p for p in probes if p.micro_batch_size == micro_batch_size and p.fits]
-    return found[-1] if found else None
+def _probe_at_or_above(probes: Sequence[ProbeResult], micro_batch_size: int) -> ProbeResult | None:
+    """The last fitting probe of the smallest probed size ``≥ micro_batch_size``."""
+    sizes = [
+        p.micro_batch_size for p in probes if p.fits and p.micro_batch_size >= micro_batch_size
+    ]
+    if not sizes:
+        return None
+    nearest = min(sizes)
+    return [p for p in probes if p.micro_batch_size == nearest and p.fits][-1]
 
 
-def _even_choice(per_rank: int, largest: int, speeds: dict[int, float]) -> int:
+def _even_choice(per_rank: int, largest: int, speeds: dict[int, float]) -> tuple[int, str]:
     if per_rank % largest == 0:
-        return largest
+        return largest, f"the largest micro batch that fits, {largest}, divides {per_rank}"
     reference = speeds.get(largest)
     if reference is None:
-        return largest
+        return largest, (
+            f"no divisor of {per_rank} up to {largest} has a measured throughput to compare, "
+            f"so the largest that fits, {largest}, then the remainder"
+        )
     # Only a measured throughput may justify a smaller micro batch.
     for divisor in range(largest - 1, 0, -1):
         if (
             per_rank % divisor == 0
             and speeds.get(divisor, 0.0) >= (1 - EVEN_THROUGHPUT_TOLERANCE) * reference
         ):
-            return divisor
-    return largest
+            return divisor, (
+                f"{divisor} divides {per_rank} and ran within "
+                f"{EVEN_THROUGHPUT_TOLERANCE:.0%} of {largest}'s measured throughput"
+            )
+    return largest, (
+        f"no divisor of {per_rank} up to {largest} ran within "
+        f"{EVEN_THROUGHPUT_TOLERANCE:.0%} of {largest}'s measured throughput, so {largest}, "
+        "then the remainder"
+    )

@@ -75,7 +75,7 @@ def plan_training(
     device: str | None = None,
     memory_limit_bytes: int | None = None,
     headroom: float = DEFAULT_HEADROOM,
-    policy: str = "max",
+    policy: str = plans.DEFAULT_POLICY,
     missing: Missing = "profile",
     client: TunerClient | None = None,
     fallback: Fallback | None = None,

@@ -48,13 +48,15 @@
     return value === null || value === undefined ? "—" : value.toLocaleString("en-US");
   }
 
-  /* [12, 12, 12, 4] reads "3×12 + 4", as tuner.plan.format_split writes it. */
+  /* Runs of equal sizes: [12, 12, 12, 4] reads "3×12 + 4" and [29, 29, 28] "2×29 + 28",
+     as tuner.plan.format_split writes them. */
   function formatSplit(split) {
-    const full = split[0];
-    const last = split[split.length - 1];
-    const count = split.filter((s) => s === full).length;
-    const text = count > 1 ? count + "×" + full : String(full);
-    return last === full ? text : text + " + " + last;
+    const runs = [];
+    for (const size of split) {
+      if (runs.length && runs[runs.length - 1][0] === size) runs[runs.length - 1][1] += 1;
+      else runs.push([size, 1]);
+    }
+    return runs.map(([size, count]) => (count > 1 ? count + "×" + size : String(size))).join(" + ");
   }
 
   /* Tick increments in binary units, so gridlines fall on 256 MiB, 1 GiB, ... */
@@ -365,6 +367,7 @@
       if (String(rec.profile_id) !== form.dataset.profileId) basis += " (the newest of this workload and device)";
       if (rec.oom_limit !== null) basis += "; kept below the OOM reported at " + rec.oom_limit;
       field("calc-basis").textContent = basis;
+      field("calc-reason").textContent = rec.reason;
       result.hidden = false;
       form.dataset.state = "done";
     }

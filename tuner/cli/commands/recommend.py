@@ -10,7 +10,7 @@ from rich.console import Console
 
 from tuner.cli.commands._args import EXIT_NOTHING_FITS, EXIT_OK, positive_int
 from tuner.core.errors import NothingFitsError
-from tuner.core.plan import POLICIES
+from tuner.core.plan import DEFAULT_POLICY, POLICIES
 from tuner.core.units import format_bytes
 
 
@@ -35,9 +35,10 @@ def add_parser(commands: Any) -> None:
     recommend.add_argument(
         "--policy",
         choices=POLICIES,
-        default="max",
-        help="max: largest fitting micro batch (default); even: equal micro batches when "
-        "within 5%% of max's throughput; throughput: fastest measured",
+        default=DEFAULT_POLICY,
+        help="balanced: the fewest micro batches that fit, sizes within one of each other "
+        "(default); max: largest fitting micro batch first, the remainder last; even: equal "
+        "micro batches when within 5%% of max's throughput; throughput: fastest measured",
     )
     recommend.add_argument("--url", default=None, help="service URL (default: TUNER_URL)")
     recommend.add_argument("--token", default=None, help="API token (default: TUNER_TOKEN)")
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         sys.stdout.write(answer.model_dump_json() + "\n")
         return EXIT_OK
     print(answer.describe())
+    print(answer.reason)
     source = (
         f"measured by profile {answer.profile_id}"
         if answer.basis == "measured"
