@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import statistics
 import sys
 import time
@@ -26,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine_line, markdown_table, write_section
+from tuner.core.plan import balanced_split, format_split
 from tuner.engine.batching import Batch, batch_size_of, slice_batch
 from tuner.engine.workload import Workload, load_workload
 from tuner.train.accumulate import Accumulator
@@ -54,13 +56,11 @@ def hand_written_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     batch: Batch,
-    micro: int,
+    split: list[int],
 ) -> None:
     """The loop people write by hand: slice, weight by units, backward, one step."""
-    samples = batch_size_of(batch)
-    parts = [
-        slice_batch(batch, start, min(start + micro, samples)) for start in range(0, samples, micro)
-    ]
+    starts = [0, *itertools.accumulate(split)]
+    parts = [slice_batch(batch, starts[i], starts[i + 1]) for i in range(len(split))]
     count = workload.loss_units or batch_size_of
     units = [count(part) for part in parts]
     total = sum(units)
@@ -84,6 +84,7 @@ def run_case(case: Case, rounds: int) -> tuple[float, float, float]:
     """Median samples/s of each, and the median over rounds of the paired overhead."""
     workload = load_workload(case.target, case.options)
     batch = workload.make_batch(case.batch)
+    split = balanced_split(case.batch, case.micro)  # the same micro batches for both
     model_a = copy.deepcopy(workload.model)
     model_b = copy.deepcopy(workload.model)
     optimizer_a = torch.optim.AdamW(model_a.parameters(), lr=1e-4)
@@ -96,12 +97,13 @@ def run_case(case: Case, rounds: int) -> tuple[float, float, float]:
             micro_batch_size=case.micro,
             loss_fn=workload.loss_fn,
             loss_units=workload.loss_units,
+            split=split,
         )
     ours, theirs, ratios = [], [], []
     for index in range(rounds + WARMUP_ROUNDS):
         runs = [
             lambda: accumulator.step(batch),
-            lambda: hand_written_step(workload, model_b, optimizer_b, batch, case.micro),
+            lambda: hand_written_step(workload, model_b, optimizer_b, batch, split),
         ]
         # Alternate which goes first, so that neither always follows the other's frees.
         times = [timed(run) for run in (runs if index % 2 == 0 else runs[::-1])]
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(
             [
                 case.label,
-                f"{case.batch} = {case.micro} × {-(-case.batch // case.micro)}",
+                f"{case.batch} = {format_split(balanced_split(case.batch, case.micro))}",
                 f"{theirs:,.0f}",
                 f"{ours:,.0f}",
                 f"{overhead:+.1%}",
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             markdown_table(
                 [
                     "workload",
-                    "batch = micro × steps",
+                    "batch = micro batches",
                     "hand-written samples/s",
                     "Accumulator samples/s",
                     "overhead",

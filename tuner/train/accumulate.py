@@ -3,26 +3,41 @@
     global batch = micro batch × accumulation steps × world size
 
 Given the batch a data loader yields for one optimizer step on this rank, the
-accumulator splits it into micro batches (the last may be smaller), runs forward and
-backward on each, and steps once. The accumulated gradient equals the full batch's:
-``loss_fn`` returns the mean over its loss units (samples, or tokens that are not
-padding), and micro batch ``i`` is weighted by ``uᵢ / U`` where ``U`` is the number of
-units in the whole batch (on every rank, under torch.distributed). So a token-level loss
-gets the mean over every token of the batch, not the mean of per-micro-batch means.
+accumulator splits it into micro batches whose sizes differ by at most one (or runs the
+split it is given), moves each to the model's device as it is used, runs forward and
+backward on each, and steps once. Keep the batch on the host: the device then holds one
+micro batch at a time, which is what the profile measured (a ``DataLoader`` with
+``pin_memory=True`` makes the copies asynchronous).
 
-An out-of-memory in any micro batch frees what it held, halves the micro batch size and
-restarts the same batch from its first sample, so no sample is lost or counted twice.
-Under torch.distributed every rank learns of any rank's out-of-memory and all move to the
-same smaller size together.
+The accumulated gradient equals the full batch's:
+
+    g = (1 / U) · Σᵢ uᵢ · ∇ meanᵢ  =  (1 / U) · Σᵢ ∇ sumᵢ
+
+where micro batch ``i`` has ``uᵢ`` loss units (samples, or tokens that are not padding)
+and ``U`` is the number of units in the whole batch (on every rank, under
+torch.distributed). So a token-level loss gets the mean over every token of the batch,
+not the mean of per-micro-batch means. ``loss_fn`` returns the mean (``loss_units``
+counts ``uᵢ`` ahead of the forward) or the pair ``(sumᵢ, uᵢ)``
+(:mod:`tuner.train.micro_batches`). A micro batch with no units adds nothing: its
+backward is skipped, or, where it carries a collective the other ranks wait for, runs
+with zero gradients.
+
+An out-of-memory in any micro batch frees what it held, puts back the running statistics
+its forwards updated, halves the micro batch size and restarts the same batch from its
+first sample, so no sample is lost or counted twice. Under torch.distributed every rank
+learns of any rank's out-of-memory and all move to the same smaller size together. One in
+the optimizer step is retried once where that is exact (:mod:`tuner.train.recovery`).
 """
 
 from __future__ import annotations
 
-import gc
+import dataclasses
+import inspect
 import itertools
+import math
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,18 +47,27 @@ from torch import nn
 
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import Parallel
-from tuner.core.plan import split_batch
+from tuner.core.plan import balanced_split
 from tuner.engine.backends import is_out_of_memory
-from tuner.engine.batching import Batch, batch_size_of, slice_batch
+from tuner.engine.batching import Batch, batch_size_of, slice_batch, to_device
 from tuner.engine.parallel import check_parallel, parallelize, sync_context
 from tuner.engine.workload import Precision, Workload, autocast
+from tuner.train.collectives import (
+    World,
+    all_reduce_sum,
+    any_rank_failed,
+    average_gradients,
+    current_world,
+)
+from tuner.train.micro_batches import ForwardWatch, KeepOutputs, count_units, read_loss
+from tuner.train.recovery import RunningStats, free_memory, step_optimizer
 
-LossFn = Callable[[nn.Module, Batch], torch.Tensor]
+LossFn = Callable[[nn.Module, Batch], Any]  # a mean, or (sum, count)
 OomCallback = Callable[[int, int, str], None]  # (failed size, new size, message)
 SyncMode = Literal["ddp", "safe"]
 
-_BUCKET_BYTES = 25 * 2**20
 _warned_batchnorm: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+_warned_buffer_sync: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 class OutOfMemoryAtSizeOneError(torch.OutOfMemoryError):
@@ -54,13 +78,27 @@ class OutOfMemoryAtSizeOneError(torch.OutOfMemoryError):
 class StepReport:
     """What one optimizer step did."""
 
-    loss: float  # the batch loss: mean over all loss units of this rank's batch
+    loss: float  # the batch loss: mean over this rank's loss units (NaN if it had none)
     units: int  # loss units of this rank's batch
-    micro_batch_size: int  # the size that finally ran
+    micro_batch_size: int  # the largest micro batch of the split that finally ran
     split: list[int]
     oom_retries: int
     grad_norm: float | None
     optimizer_stepped: bool  # False when fp16's GradScaler skipped a step with inf/nan
+    # Per micro batch, with ``keep_outputs``: the model's outputs (detached), or what the
+    # ``keep_outputs`` function made of them; None for a micro batch that never ran.
+    outputs: list[Any] | None = None
+
+
+def no_forward_buffer_sync() -> dict[str, bool]:
+    """The ``DistributedDataParallel`` argument that stops the buffer broadcast at every
+    forward, under this torch's name: ``forward_sync_buffers`` where it exists (newer
+    releases), else ``broadcast_buffers``."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    accepted = inspect.signature(DistributedDataParallel.__init__).parameters
+    name = "forward_sync_buffers" if "forward_sync_buffers" in accepted else "broadcast_buffers"
+    return {name: False}
 
 
 @dataclass
@@ -70,24 +108,30 @@ class Accumulator:
     Fits into an existing loop in two lines::
 
         accumulator = Accumulator(model, optimizer, micro_batch_size=plan.micro_batch_size,
-                                  loss_fn=loss_fn)
-        for batch in loader:                 # B / W samples per rank
+                                  loss_fn=loss_fn, split=plan.split)
+        for batch in loader:                 # B / W samples per rank, on the host
             report = accumulator.step(batch)
+
+    ``split`` (a recommendation's micro batch sizes) runs as given for every batch of its
+    sum; other batches (the last of an epoch) and every batch after an out-of-memory are
+    split into the fewest micro batches of at most ``micro_batch_size``, sizes within one.
 
     Under DDP, gradients are all-reduced once per step, never per micro batch:
 
     - ``sync="safe"`` (default): every micro batch runs under ``no_sync``; then the ranks
       agree on whether any ran out of memory, and gradients are averaged in ~25 MiB
-      buckets. An out-of-memory anywhere in the step is recovered on every rank.
+      buckets, every parameter that requires a gradient in a fixed order (zeros where a
+      rank used none). An out-of-memory anywhere in the step is recovered on every rank.
+      Works on a model not wrapped in DDP too.
     - ``sync="ddp"``: ``no_sync`` on all but the last micro batch, whose backward lets
       DDP overlap the all-reduce with compute. Ranks agree before the last micro batch
       starts, so an out-of-memory in any earlier micro batch is recovered; one inside the
       last cannot be (DDP's reducer would wait for the failed rank), so use it when the
-      last micro batch is known to fit.
+      last micro batch is known to fit. The model must be wrapped in DDP.
 
-    With OOM recovery, build DDP with ``forward_sync_buffers=False`` when the model has
+    With OOM recovery, build DDP with :func:`no_forward_buffer_sync` when the model has
     buffers: DDP otherwise broadcasts them at every forward, a collective that a rank
-    that ran out of memory would not join.
+    that ran out of memory would not join (a warning says so once).
 
     With ``parallel`` (a workload's declared DDP or FSDP, which :meth:`for_workload`
     passes and wraps the model for), ``sync`` is not used: the step follows the same rules
@@ -98,13 +142,16 @@ class Accumulator:
     every forward and backward, so only an out-of-memory that every rank meets at the same
     point (equal shapes make that the usual case) is recovered; one on a single rank
     leaves the others waiting until the process group's timeout.
+
+    ``on_oom`` is called on rank 0 only (every rank moved to the same size), so a
+    reporter sends one report per out-of-memory, not one per rank.
     """
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
     micro_batch_size: int
     loss_fn: LossFn
-    loss_units: Callable[[Batch], int] | None = None
+    loss_units: Callable[[Batch], Any] | None = None
     precision: Precision = "fp32"
     max_grad_norm: float | None = None
     scheduler: Any | None = None
@@ -113,14 +160,24 @@ class Accumulator:
     sync: SyncMode = "safe"
     scaler: torch.amp.GradScaler | None = field(default=None)
     parallel: Parallel | None = None
+    split: Sequence[int] | None = None
+    keep_outputs: KeepOutputs = False
 
     def __post_init__(self) -> None:
         if self.micro_batch_size < 1:
             raise BadInputError(f"micro_batch_size must be positive, got {self.micro_batch_size}")
         if self.sync not in ("ddp", "safe"):
             raise BadInputError(f"sync must be 'ddp' or 'safe', got {self.sync!r}")
+        if self.split is not None:
+            self.split = list(self.split)
+            if not self.split or min(self.split) < 1 or max(self.split) > self.micro_batch_size:
+                raise BadInputError(
+                    f"split {self.split} must list positive micro batch sizes of at most "
+                    f"micro_batch_size={self.micro_batch_size}"
+                )
         if self.precision == "fp16" and self.scaler is None:
             self.scaler = torch.amp.GradScaler(_device_of(self.model).type)
+        self._sum_style: bool | None = None  # learned from the loss function's first result
         _warn_about_batchnorm(self.model)
 
     @classmethod
@@ -138,7 +195,7 @@ class Accumulator:
                     "torch.distributed first (run under torchrun), or train in one process "
                     "with workload.parallel = Parallel()"
                 )
-            check_parallel(workload, workload.parallel, _world().size)
+            check_parallel(workload, workload.parallel, current_world().size)
             model = parallelize(workload, workload.parallel, _device_of(model))
         return cls(
             model=model,
@@ -154,70 +211,98 @@ class Accumulator:
     def step(self, batch: Batch) -> StepReport:
         """Forward and backward over every micro batch of ``batch``, then one optimizer step."""
         samples = batch_size_of(batch)
+        world = current_world()
+        self._check_sync(world)
+        stats = RunningStats.capture(self.model) if self.recover_from_oom else None
         retries = 0
         while True:
-            size = min(self.micro_batch_size, samples)
-            split = split_batch(samples, size)
-            outcome = self._attempt(batch, split)
+            outcome = self._attempt(batch, self._split_for(samples), world)
             if isinstance(outcome, StepReport):
-                return StepReport(
-                    loss=outcome.loss,
-                    units=outcome.units,
-                    micro_batch_size=size,
-                    split=split,
-                    oom_retries=retries,
-                    grad_norm=outcome.grad_norm,
-                    optimizer_stepped=outcome.optimizer_stepped,
-                )
+                return dataclasses.replace(outcome, oom_retries=retries)
             failed_size, message = outcome
-            if not self.recover_from_oom:
+            if not self.recover_from_oom or stats is None:
                 raise torch.OutOfMemoryError(message)
             if failed_size == 1:
                 raise OutOfMemoryAtSizeOneError(
                     f"out of memory with micro batch size 1: {message}. Nothing smaller can "
                     "run; use activation checkpointing, bf16 or a device with more memory"
                 )
+            # The failed forwards moved BatchNorm's statistics: the retry counts them again.
+            stats.restore()
             self.micro_batch_size = failed_size // 2
             retries += 1
-            if self.on_oom is not None:
+            if self.on_oom is not None and world.rank == 0:
                 self.on_oom(failed_size, self.micro_batch_size, message)
+
+    def _split_for(self, samples: int) -> list[int]:
+        if (
+            self.split is not None
+            and sum(self.split) == samples
+            and max(self.split) <= self.micro_batch_size
+        ):
+            return list(self.split)
+        return balanced_split(samples, min(self.micro_batch_size, samples))
 
     # -- one attempt at a batch -------------------------------------------------------
 
-    def _attempt(self, batch: Batch, split: list[int]) -> StepReport | tuple[int, str]:
+    def _attempt(
+        self, batch: Batch, split: list[int], world: World
+    ) -> StepReport | tuple[int, str]:
         """A step report, or ``(size that failed, message)`` after an agreed out-of-memory."""
-        world = _world()
-        size = split[0]
+        size = max(split)
         parts = _slices(batch, split)
-        units = [self._units(part) for part in parts]
-        total_units = _all_reduce_sum(sum(units), world)
-        if total_units == 0:
+        device = _device_of(self.model)
+        # A mean is weighted by units counted before its backward; a (sum, count) loss
+        # counts its own, and the gradient is divided by their total after the last one.
+        counted = None if self._sum_style else [self._units(part) for part in parts]
+        total_units = all_reduce_sum(sum(counted), world) if counted is not None else 0
+        if counted is not None and total_units == 0:
             raise BadInputError("the batch has no loss units (every token is padding?)")
-        # DDP and FSDP average gradients over ranks, so each rank's share is scaled up by W.
-        scale = world.size / total_units
         reducer = self._reducer()
         self._zero_grad()
         # Detached tensors, read once at the end: reading a CUDA value each micro batch
         # would stall the GPU, and summing as we go costs two operators a micro batch.
-        losses: list[torch.Tensor] = []
+        # (value, weight, units): a mean weighs its units, a sum is already weighted.
+        losses: list[tuple[torch.Tensor, int, torch.Tensor | int]] = []
+        outputs: list[Any] = []
         oom_message: str | None = None
         try:
-            for index, (part, part_units) in enumerate(zip(parts, units, strict=True)):
+            for index, part in enumerate(parts):
                 last = index == len(parts) - 1
                 if last and world.size > 1 and reducer == "ddp":
                     # DDP commits to all-reducing at the last forward: agree before it.
-                    agreed = _any_rank(False, size, world)
+                    agreed = any_rank_failed(False, size, world)
                     if agreed is not None:
                         self._release()
                         return agreed, "another rank ran out of memory"
-                with self._sync_context(index, len(parts), world):
-                    with self._autocast():
-                        loss = self.loss_fn(self.model, part)
-                    losses.append(loss.detach())
-                    weighted = loss * (part_units * scale)
+                units = counted[index] if counted is not None else None
+                collective = self._backward_has_collective(index, len(parts), world)
+                if units == 0 and world.size == 1:
+                    outputs.append(None)  # nothing to learn, no one waiting: skip it
+                    continue
+                watch = ForwardWatch(
+                    zero_gradients=units == 0 and collective, keep=self.keep_outputs, part=part
+                )
+                with self._sync_context(index, len(parts), world), watch.around(self.model):
+                    # Without units and with no collective in the backward, only the forward
+                    # runs (it may hold collectives: FSDP's all-gather, DDP's buffers).
+                    grad = units != 0 or collective
+                    with torch.set_grad_enabled(grad), self._autocast():
+                        loss = read_loss(self.loss_fn(self.model, to_device(part, device)))
+                    self._learn_style(loss.count is not None)
+                    if loss.count is not None:
+                        losses.append((loss.value.detach(), 1, loss.count))
+                        weighted = loss.value * world.size
+                    else:
+                        assert units is not None
+                        if units:
+                            losses.append((loss.value.detach(), units, units))
+                        weighted = loss.value * (units * world.size / total_units)
                     del loss
-                    (self.scaler.scale(weighted) if self.scaler else weighted).backward()
+                    if grad:
+                        (self.scaler.scale(weighted) if self.scaler else weighted).backward()
                     del weighted
+                outputs.append(watch.kept)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -226,26 +311,49 @@ class Accumulator:
         if oom_message is not None:
             self._release()
             # Tell the others, which abandon the batch with us, and halve from one size.
-            agreed = _any_rank(True, size, world) if world.size > 1 else size
+            agreed = any_rank_failed(True, size, world) if world.size > 1 else size
             return agreed or size, oom_message
         if world.size > 1 and reducer != "ddp":
-            agreed = _any_rank(False, size, world)
+            agreed = any_rank_failed(False, size, world)
             if agreed is not None:
                 self._release()
                 return agreed, "another rank ran out of memory"
             if reducer == "safe":
-                _all_reduce_gradients(self.model, world)
+                average_gradients(self.model, world)
+        local_units = sum(int(count) for _, _, count in losses)
+        if self._sum_style:
+            total_units = all_reduce_sum(local_units, world)
+            if total_units == 0:
+                raise BadInputError("the batch has no loss units (every token is padding?)")
+            self._scale_gradients(1 / total_units)
         grad_norm, stepped = self._optimizer_step()
+        # After the step the GPU has finished: these reads no longer stall anything.
+        loss_sum = sum(float(value) * weight for value, weight, _ in losses)
         return StepReport(
-            # After the step the GPU has finished: these reads no longer stall anything.
-            loss=sum(float(x) * u for x, u in zip(losses, units, strict=True)) / sum(units),
-            units=sum(units),
+            loss=loss_sum / local_units if local_units else math.nan,
+            units=local_units,
             micro_batch_size=size,
             split=split,
             oom_retries=0,
             grad_norm=grad_norm,
             optimizer_stepped=stepped,
+            outputs=outputs if self.keep_outputs else None,
         )
+
+    def _learn_style(self, sum_style: bool) -> None:
+        if self._sum_style is None:
+            self._sum_style = sum_style
+        elif self._sum_style != sum_style:
+            raise BadInputError(
+                "loss_fn returned a mean for some micro batches and (sum, count) for others: "
+                "return one form always"
+            )
+
+    def _scale_gradients(self, factor: float) -> None:
+        with torch.no_grad():
+            for parameter in self.model.parameters():
+                if parameter.grad is not None:
+                    parameter.grad.mul_(factor)
 
     def _optimizer_step(self) -> tuple[float | None, bool]:
         grad_norm = None
@@ -256,12 +364,13 @@ class Accumulator:
             grad_norm = float(norm)
         stepped = True
         if self.scaler is not None:
-            scale_before = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            stepped = self.scaler.get_scale() >= scale_before
+            scaler = self.scaler
+            scale_before = scaler.get_scale()
+            step_optimizer(self.optimizer, lambda: scaler.step(self.optimizer))
+            scaler.update()
+            stepped = scaler.get_scale() >= scale_before
         else:
-            self.optimizer.step()
+            step_optimizer(self.optimizer, self.optimizer.step)
         if self.scheduler is not None and stepped:
             self.scheduler.step()
         return grad_norm, stepped
@@ -273,6 +382,45 @@ class Accumulator:
             return self.parallel.mode
         return self.sync
 
+    def _backward_has_collective(self, index: int, count: int, world: World) -> bool:
+        """Whether micro batch ``index``'s backward runs a collective the other ranks
+        wait for, so that it must run even with no loss units."""
+        if world.size == 1:
+            return False
+        reducer = self._reducer()
+        if reducer == "fsdp":
+            return True  # all-gathers in every backward, whether or not it reduces
+        return reducer == "ddp" and index == count - 1
+
+    def _check_sync(self, world: World) -> None:
+        if world.size == 1 or (self.parallel is not None and self.parallel.distributed):
+            return
+        no_sync = getattr(self.model, "no_sync", None)
+        if self.sync == "ddp" and no_sync is None:
+            raise BadInputError(
+                f"sync='ddp' on {world.size} ranks needs the model wrapped in "
+                "DistributedDataParallel (it has no no_sync), or gradients never meet: "
+                "wrap it, or use sync='safe', which averages them itself"
+            )
+        if (
+            self.recover_from_oom
+            and no_sync is not None
+            and getattr(
+                self.model, "forward_sync_buffers", getattr(self.model, "broadcast_buffers", False)
+            )
+            and any(True for _ in self.model.buffers())
+            and self.model not in _warned_buffer_sync
+        ):
+            _warned_buffer_sync.add(self.model)
+            (name,) = no_forward_buffer_sync()
+            warnings.warn(
+                "DDP broadcasts the model's buffers at every forward, a collective that a "
+                "rank recovering from an out-of-memory would not join: build it with "
+                f"{name}=False (no_forward_buffer_sync())",
+                UserWarning,
+                stacklevel=3,
+            )
+
     def _zero_grad(self) -> None:
         parallel = self.parallel or Parallel()
         self.optimizer.zero_grad(set_to_none=parallel.zero_grad_set_to_none)
@@ -280,20 +428,17 @@ class Accumulator:
     def _release(self) -> None:
         """Free what a failed attempt held before the same batch is tried again."""
         self._zero_grad()
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        free_memory()
 
     def _units(self, part: Batch) -> int:
-        units = self.loss_units(part) if self.loss_units is not None else batch_size_of(part)
-        if units < 0:
-            raise BadInputError(f"loss_units returned {units}; it must count units, >= 0")
-        return units
+        if self.loss_units is None:
+            return batch_size_of(part)
+        return count_units(self.loss_units(part))
 
     def _autocast(self) -> AbstractContextManager[Any]:
         return autocast(self.precision, _device_of(self.model).type)
 
-    def _sync_context(self, index: int, count: int, world: _World) -> AbstractContextManager[Any]:
+    def _sync_context(self, index: int, count: int, world: World) -> AbstractContextManager[Any]:
         if self.parallel is not None and self.parallel.distributed:
             return sync_context(self.model, self.parallel, index, count)
         last = index == count - 1
@@ -302,80 +447,6 @@ class Accumulator:
             return nullcontext()  # with "ddp", DDP all-reduces during the last backward
         context: AbstractContextManager[Any] = no_sync()
         return context
-
-
-# -- torch.distributed helpers ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _World:
-    size: int
-    device: torch.device
-
-
-def _world() -> _World:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return _World(1, torch.device("cpu"))
-    backend = dist.get_backend()
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if backend == "nccl"
-        else torch.device("cpu")
-    )
-    return _World(dist.get_world_size(), device)
-
-
-def _all_reduce_sum(value: int, world: _World) -> int:
-    if world.size == 1:
-        return value
-    import torch.distributed as dist
-
-    tensor = torch.tensor([value], dtype=torch.int64, device=world.device)
-    dist.all_reduce(tensor)
-    return int(tensor.item())
-
-
-def _any_rank(oom: bool, size: int, world: _World) -> int | None:
-    """All ranks say whether they ran out of memory; ``None`` if none did, else the
-    smallest size any rank ran (so that every rank halves from the same size)."""
-    import torch.distributed as dist
-
-    flags = torch.tensor([int(oom), -size], dtype=torch.int64, device=world.device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return None if flags[0].item() == 0 else int(-flags[1].item())
-
-
-def _all_reduce_gradients(model: nn.Module, world: _World) -> None:
-    """Average gradients over ranks in buckets of about 25 MiB: once per step."""
-    import torch.distributed as dist
-
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    for bucket in _buckets(grads):
-        flat = torch.cat([g.reshape(-1) for g in bucket])
-        dist.all_reduce(flat)
-        flat /= world.size
-        offset = 0
-        for grad in bucket:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
-
-
-def _buckets(grads: Sequence[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
-    bucket: list[torch.Tensor] = []
-    size = 0
-    for grad in grads:
-        if bucket and (
-            size + grad.numel() * grad.element_size() > _BUCKET_BYTES
-            or grad.dtype != bucket[0].dtype
-        ):
-            yield bucket
-            bucket, size = [], 0
-        bucket.append(grad)
-        size += grad.numel() * grad.element_size()
-    if bucket:
-        yield bucket
 
 
 # -- small helpers ---------------------------------------------------------------------
