@@ -5,11 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from tuner.core.parallel import Parallel
+
+# A workload option's value, as `-o name=value` parses it.
+VariantValue = str | int | float | bool | None
+# The phases of one optimizer step, in order; the peak of a step falls in one of them.
+PeakPhase = Literal["forward", "backward", "optimizer"]
+PEAK_PHASES: tuple[str, ...] = get_args(PeakPhase)
+# The name under which activations saved outside every top-level block are counted.
+OUTSIDE_BLOCKS = "(outside blocks)"
 
 
 class _Frozen(BaseModel):
@@ -25,6 +33,10 @@ class MemoryBreakdown(_Frozen):
     ``communication_bytes`` is what the parallel wrapper keeps between micro batches: DDP's
     bucket copy of the gradients (none when gradients are bucket views zeroed in place), or
     FSDP's unsharded gradients held for accumulation when it syncs on the last micro batch.
+
+    ``activations_by_block_bytes`` and ``peak_phase`` say where the peak is: which block's
+    saved activations weigh most, and whether the peak falls in forward, backward or the
+    optimizer step (then activations are gone and optimizer temporaries are the peak).
     """
 
     parameters_bytes: int
@@ -33,6 +45,15 @@ class MemoryBreakdown(_Frozen):
     activations_bytes: int
     allocator_cache_bytes: int = 0
     communication_bytes: int = 0
+    activations_by_block_bytes: dict[str, int] = Field(
+        default_factory=dict,
+        description="bytes saved for backward by each top-level block at the end of forward "
+        f"(what backward starts from), in model order; {OUTSIDE_BLOCKS!r} holds what the "
+        "loss and the code between blocks saved. Empty where not measured",
+    )
+    peak_phase: PeakPhase | None = Field(
+        default=None, description="the phase of the step in which the peak fell"
+    )
 
     @property
     def resident_bytes(self) -> int:
@@ -182,6 +203,15 @@ class Profile(_Frozen):
     settings: ProbeSettings
     world_size: int = Field(default=1, ge=1, description="ranks the probes ran on")
     parallel: Parallel = Field(default_factory=Parallel)
+    variant: dict[str, VariantValue] = Field(
+        default_factory=dict,
+        description="the workload options this profile measured, when it is one of the "
+        "variants of an explored workload (checkpointing, precision, ...)",
+    )
+    variant_group: str | None = Field(
+        default=None,
+        description="shared by the profiles of one exploration: the variants to compare",
+    )
     wall_time_s: float
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,8 +33,9 @@ from tuner.engine.backends import (
     iter_tensors,
     storage_bytes,
 )
-from tuner.engine.batching import Batch, batch_tensors, to_device
+from tuner.engine.batching import Batch, batch_size_of, batch_tensors, to_device
 from tuner.engine.parallel import parallelize, sync_context
+from tuner.engine.peak import BlockActivations, peak_phase
 from tuner.engine.state import TrainingState
 from tuner.engine.workload import Workload, autocast
 
@@ -63,8 +64,11 @@ class Prober:
         headroom: float = 0.05,
         settings: ProbeSettings | None = None,
         rank: int = 0,
+        locate: bool = False,
     ) -> None:
         self.workload = workload
+        # Whether measured steps file saved activations under their blocks (tuner.engine.peak).
+        self.locate = locate
         self.backend = backend
         self.settings = settings or ProbeSettings()
         self.headroom = headroom
@@ -152,13 +156,14 @@ class Prober:
         with track(
             self._resident(batch), enforce_capacity=enforce_capacity, stop_at=stop
         ) as reading:
+            measure = _Measure(reading, BlockActivations(self.model) if self.locate else None)
             start = time.perf_counter()
             for _ in range(self.settings.measure_steps):
                 progress.steps += 1
-                self._step(batch, scaler, reading)
+                self._step(batch, scaler, measure)
             self.backend.synchronize()
             step_time = (time.perf_counter() - start) / self.settings.measure_steps
-        breakdown = self._breakdown(reading)
+        breakdown = self._breakdown(measure)
         if self.backend.tracking_slows_steps:
             # Tracking adds per-operator cost; time one step the way training runs it.
             start = time.perf_counter()
@@ -169,32 +174,83 @@ class Prober:
         return _StepsOutcome(reading, breakdown, step_time)
 
     def _step(
-        self, batch: Batch, scaler: torch.amp.GradScaler | None, reading: PeakReading | None = None
+        self, batch: Batch, scaler: torch.amp.GradScaler | None, measure: _Measure | None = None
     ) -> None:
-        """One optimizer step over ``microbatches_per_step`` micro batches. With ``reading``,
+        """One optimizer step over ``microbatches_per_step`` micro batches. With ``measure``,
         the peaks of its two phases are recorded apart: they grow differently with the
-        batch, and the search fits each on its own."""
-        count = self.settings.microbatches_per_step
+        batch, and the search fits each on its own. The accumulation phase's peak is also
+        told apart into forward and backward, to say where the step's peak falls."""
+        self._accumulate_step([batch] * self.settings.microbatches_per_step, scaler, measure)
+
+    def _accumulate_step(
+        self,
+        batches: list[Batch],
+        scaler: torch.amp.GradScaler | None,
+        measure: _Measure | None = None,
+    ) -> None:
+        count = len(batches)
+        sizes = [batch_size_of(batch) for batch in batches]
         self.optimizer.zero_grad(set_to_none=self.parallel.zero_grad_set_to_none)
-        for index in range(count):
+        for index, batch in enumerate(batches):
             with sync_context(self.module, self.parallel, index, count):
-                with self._autocast():
+                with self._autocast(), self._watch_forward(measure):
                     loss = self.workload.loss_fn(self.module, batch)
+                self._end_part(measure, "forward")
                 self._check_loss(loss)
-                loss = loss / count
+                # Each micro batch weighs by its samples, as in the accumulator.
+                loss = loss * (sizes[index] / sum(sizes))
                 (scaler.scale(loss) if scaler is not None else loss).backward()
                 del loss
-            if reading is not None and index == 0 and count > 1 and self.parallel.distributed:
-                self._between_micro_batches = self._held_between_micro_batches(batch)
-        if reading is not None:
-            self.backend.end_phase(reading, "accumulate")
+            self._end_part(measure, "backward")
+            if measure is not None and index == 0 and count > 1 and self.parallel.distributed:
+                self._between_micro_batches = self._held_between_micro_batches(batches[0])
+        if measure is not None:
+            self.backend.end_phase(measure.reading, "accumulate")
         if scaler is not None:
             scaler.step(self.optimizer)
             scaler.update()
         else:
             self.optimizer.step()
-        if reading is not None:
-            self.backend.end_phase(reading, "optimizer")
+        if measure is not None:
+            self.backend.end_phase(measure.reading, "optimizer")
+            measure.parts.phases["optimizer"] = measure.reading.phases["optimizer"]
+
+    def time_split(self, split: list[int], *, steps: int = 2) -> float:
+        """Seconds per optimizer step that accumulates over micro batches of the sizes in
+        ``split``, untracked, as training runs it: one warm-up step, then the mean of
+        ``steps``. The model, optimizer and RNG are put back afterwards."""
+        sizes = sorted(set(split))
+        samples = {
+            size: to_device(self.workload.sample_batch(size, rank=self.rank), self.backend.device)
+            for size in sizes
+        }
+        batches = [samples[size] for size in split]
+        self.module.train()
+        scaler = self._new_scaler()
+        try:
+            self._accumulate_step(batches, scaler)
+            self.backend.synchronize()
+            start = time.perf_counter()
+            for _ in range(steps):
+                self._accumulate_step(batches, scaler)
+            self.backend.synchronize()
+            return (time.perf_counter() - start) / steps
+        finally:
+            self._saved.restore()
+
+    def _watch_forward(self, measure: _Measure | None) -> AbstractContextManager[None]:
+        if measure is None or measure.activations is None:
+            return nullcontext()
+        return measure.activations.forward()
+
+    def _end_part(self, measure: _Measure | None, part: str) -> None:
+        """Close the forward or backward part of a micro batch: its peak goes to
+        ``measure.parts`` and, unchanged, into the reading's ``accumulate`` phase (the
+        search's phases stay what they were)."""
+        if measure is None:
+            return
+        self.backend.end_phase(measure.parts, part)
+        measure.reading.add(measure.parts.phases[part], measure.parts.reserved_bytes, "accumulate")
 
     def _autocast(self) -> AbstractContextManager[Any]:
         return autocast(self.workload.precision, self.backend.device.type)
@@ -230,7 +286,8 @@ class Prober:
         known = storage_bytes(self._resident(batch))
         return max(0, self.backend.current_bytes() - known)
 
-    def _breakdown(self, reading: PeakReading) -> MemoryBreakdown:
+    def _breakdown(self, measure: _Measure) -> MemoryBreakdown:
+        reading = measure.reading
         params = storage_bytes(self.model.parameters())
         grads = storage_bytes(p.grad for p in self.model.parameters() if p.grad is not None)
         optimizer_state = storage_bytes(iter_tensors(dict(self.optimizer.state)))
@@ -243,6 +300,10 @@ class Prober:
             communication_bytes=communication,
             activations_bytes=max(0, reading.allocated_bytes - resident),
             allocator_cache_bytes=max(0, reading.reserved_bytes - reading.allocated_bytes),
+            activations_by_block_bytes=(
+                dict(measure.activations.bytes_by_block) if measure.activations else {}
+            ),
+            peak_phase=peak_phase(measure.parts),
         )
 
 
@@ -251,6 +312,16 @@ class _Progress:
     """Steps started so far, readable after an out-of-memory cut a probe short."""
 
     steps: int = 0
+
+
+@dataclass
+class _Measure:
+    """What the measured steps record: the tracked reading, the peaks of forward, backward
+    and the optimizer step apart, and the activations per block when locating."""
+
+    reading: PeakReading
+    activations: BlockActivations | None
+    parts: PeakReading = field(default_factory=PeakReading)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import torch
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import Parallel
 from tuner.core.results import (
+    OUTSIDE_BLOCKS,
     AffineFit,
     DeviceInfo,
     MemoryBreakdown,
@@ -99,7 +100,7 @@ def profile_workload(
     started = time.perf_counter()
     with (
         backend.session(),
-        Prober(workload, backend, headroom=headroom, settings=settings) as prober,
+        Prober(workload, backend, headroom=headroom, settings=settings, locate=True) as prober,
     ):
         keys = (workload_key(workload, prober.optimizer), device_key(backend))
 
@@ -204,6 +205,7 @@ def nothing_fits_advice(profile: Profile, workload: Workload) -> str:
             f"The step ran out of memory before finishing; parameters alone take "
             f"{format_bytes(params)} and their gradients {format_bytes(grads)}."
         )
+    lines.extend(f"Where the peak is: {line}." for line in peak_advice(probe, workload))
     lines.append("What would help: " + "; ".join(_remedies(workload, breakdown)) + ".")
     return "\n".join(lines)
 
@@ -216,6 +218,60 @@ def _breakdown_text(breakdown: MemoryBreakdown) -> str:
         ("activations and temporaries", breakdown.activations_bytes),
     ]
     return ", ".join(f"{name} {format_bytes(size)}" for name, size in parts)
+
+
+def peak_advice(probe: ProbeResult, workload: Workload) -> list[str]:
+    """What the location of ``probe``'s peak says would let a larger micro batch fit: a
+    lighter optimizer when the optimizer step is the peak, else checkpointing the blocks
+    that hold most of the saved activations (or a lighter loss when the loss does)."""
+    breakdown = probe.breakdown
+    if breakdown is None or breakdown.peak_phase is None:
+        return []
+    if breakdown.peak_phase == "optimizer":
+        return [
+            f"the peak ({format_bytes(probe.peak_allocated_bytes)}) falls in the optimizer "
+            f"step, not in forward or backward: a lighter optimizer lowers it (its state is "
+            f"{format_bytes(breakdown.optimizer_state_bytes)}; SGD keeps none, foreach=False "
+            "avoids a step's temporary copies); checkpointing would not"
+        ]
+    heaviest = heaviest_blocks(breakdown.activations_by_block_bytes)
+    if not heaviest:
+        return []
+    names = ", ".join(heaviest)
+    held = sum(breakdown.activations_by_block_bytes[name] for name in heaviest)
+    total = sum(breakdown.activations_by_block_bytes.values())
+    where = f"the peak falls in {breakdown.peak_phase}; {names} hold {format_bytes(held)} " + (
+        f"of the {format_bytes(total)} saved for backward at micro batch {probe.micro_batch_size}"
+    )
+    if heaviest == [OUTSIDE_BLOCKS]:
+        return [
+            f"{where}: the loss and the code between blocks save most (a chunked loss, or "
+            "logits kept in a lower precision, would lower it)"
+        ]
+    blocks = [name for name in heaviest if name != OUTSIDE_BLOCKS]
+    if workload.activation_checkpointing:
+        return [f"{where} (checkpointing is on)"]
+    return [
+        f"{where}: activation checkpointing of {', '.join(blocks)} would keep only their "
+        "inputs and recompute the rest in backward"
+    ]
+
+
+def heaviest_blocks(by_block: dict[str, int], *, share: float = 0.5) -> list[str]:
+    """The fewest blocks, heaviest first, that hold at least ``share`` of the saved bytes
+    (blocks of equal weight go together: four equal transformer blocks are named as four)."""
+    total = sum(by_block.values())
+    if total <= 0:
+        return []
+    ordered = sorted(by_block.items(), key=lambda item: item[1], reverse=True)
+    chosen: list[str] = []
+    held = 0
+    for name, size in ordered:
+        if held >= share * total and size < by_block[chosen[-1]]:
+            break
+        chosen.append(name)
+        held += size
+    return chosen
 
 
 def _remedies(workload: Workload, breakdown: MemoryBreakdown | None) -> list[str]:
