@@ -141,4 +141,6 @@ def workload(
         activation_checkpointing=checkpointing,
         parallel=Parallel(mode=parallel),
         shard=shard_blocks,
+        # What changes memory per sample and speed: `tuner profile --explore` measures each.
+        variants={"checkpointing": [False, True], "precision": ["fp32", "bf16"]},
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -12,6 +13,12 @@ from rich.table import Table
 from tuner.core.plan import Recommendation
 from tuner.core.results import ProbeResult, Profile
 from tuner.core.units import format_bytes
+
+if TYPE_CHECKING:
+    from tuner.engine.explore import Exploration
+
+# Characters in the longest bar of the per-block table.
+BAR_WIDTH = 30
 
 
 def probe_table(probes: list[ProbeResult], *, title: str | None = None) -> Table:
@@ -118,6 +125,96 @@ def rank_table(probe: ProbeResult) -> Table:
     return table
 
 
+def block_table(probe: ProbeResult) -> Table | None:
+    """Activations saved for backward per top-level block, with a bar each, and the phase
+    in which the step's peak fell."""
+    breakdown = probe.breakdown
+    if breakdown is None or not breakdown.activations_by_block_bytes:
+        return None
+    by_block = breakdown.activations_by_block_bytes
+    largest = max(by_block.values()) or 1
+    total = sum(by_block.values()) or 1
+    phase = f", peak in {breakdown.peak_phase}" if breakdown.peak_phase else ""
+    table = Table(
+        title=f"Saved for backward at micro batch {probe.micro_batch_size}{phase}",
+        title_justify="left",
+        header_style="bold",
+    )
+    for column, justify in (("block", "left"), ("bytes", "right"), ("share", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    table.add_column("", justify="left")
+    for name, size in by_block.items():
+        table.add_row(
+            name,
+            format_bytes(size),
+            f"{size / total:.0%}",
+            "█" * round(BAR_WIDTH * size / largest),
+        )
+    return table
+
+
+def peak_line(probe: ProbeResult) -> str | None:
+    """Where the peak is, in one line: its phase and the block that saves the most."""
+    breakdown = probe.breakdown
+    if breakdown is None or breakdown.peak_phase is None:
+        return None
+    line = f"peak      in {breakdown.peak_phase} at micro batch {probe.micro_batch_size}"
+    if breakdown.activations_by_block_bytes:
+        name, size = max(breakdown.activations_by_block_bytes.items(), key=lambda item: item[1])
+        line += f"; most saved for backward by {name} ({format_bytes(size)})"
+    return line
+
+
+def variants_table(exploration: Exploration) -> Table:
+    """One row per variant: M*, optimizer steps' micro batches, measured speed, peak."""
+    table = Table(
+        title="Variants (measured)",
+        title_justify="left",
+        header_style="bold",
+        caption="steps: micro batches per optimizer step; samples/s: a timed optimizer step "
+        "of that plan (at M* without a global batch), per rank; peak: at M*",
+        caption_justify="left",
+    )
+    columns = ("variant", "M*", "steps", "samples/s", "peak", "")
+    for column in columns:
+        left = column == "variant"
+        table.add_column(column, justify="left" if left else "right", no_wrap=left)
+    for outcome in exploration.variants:
+        profile, plan = outcome.profile, outcome.recommendation
+        at_max = profile.probe_at(profile.max_micro_batch_size)
+        speed = outcome.samples_per_second
+        if speed is None and at_max is not None:
+            speed = at_max.samples_per_second
+        table.add_row(
+            outcome.label or "as loaded",
+            str(profile.max_micro_batch_size) if profile.max_micro_batch_size else "none fits",
+            str(plan.grad_accum) if plan is not None else "-",
+            f"{speed:,.1f}" if speed else "-",
+            format_bytes(at_max.peak_bytes) if at_max is not None else "-",
+            "[bold green]chosen[/]" if outcome is exploration.chosen else "",
+        )
+    return table
+
+
+def print_exploration(console: Console, exploration: Exploration) -> None:
+    console.print(variants_table(exploration))
+    chosen = exploration.chosen
+    if chosen is None:
+        console.print("[bold]no variant fits[/]", highlight=False)
+        return
+    plan = chosen.recommendation
+    how = (
+        f": {plan.describe()}"
+        if plan is not None
+        else f", micro batch up to {chosen.profile.max_micro_batch_size}"
+    )
+    basis = "a timed step of its plan" if plan is not None else "its probe at M*"
+    console.print(
+        f"[bold]fastest variant: {chosen.label or 'as loaded'}[/] (measured by {basis}){how}",
+        highlight=False,
+    )
+
+
 def print_profile(
     console: Console,
     profile: Profile,
@@ -131,6 +228,10 @@ def print_profile(
     at_max = profile.probe_at(profile.max_micro_batch_size)
     if at_max is not None and at_max.rank_breakdowns:
         console.print(rank_table(at_max))
+    located = at_max or profile.oversize_probe
+    blocks = block_table(located) if located is not None else None
+    if blocks is not None:
+        console.print(blocks)
     console.print(
         f"workload  {profile.workload.name} ({profile.workload_key})\n"
         f"device    {device.kind} {device.name} ({profile.device_key})\n"
@@ -161,5 +262,8 @@ def print_profile(
             highlight=False,
         )
         console.print(f"why       {recommendation.reason}", highlight=False, markup=False)
+    where = peak_line(located) if located is not None else None
+    if where is not None:
+        console.print(where, highlight=False)
     for line in advice or []:
         console.print(f"advice    {line}", highlight=False)

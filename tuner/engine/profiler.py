@@ -240,7 +240,8 @@ def peak_advice(probe: ProbeResult, workload: Workload) -> list[str]:
     names = ", ".join(heaviest)
     held = sum(breakdown.activations_by_block_bytes[name] for name in heaviest)
     total = sum(breakdown.activations_by_block_bytes.values())
-    where = f"the peak falls in {breakdown.peak_phase}; {names} hold {format_bytes(held)} " + (
+    verb = "holds" if len(heaviest) == 1 else "hold"
+    where = f"the peak falls in {breakdown.peak_phase}; {names} {verb} {format_bytes(held)} " + (
         f"of the {format_bytes(total)} saved for backward at micro batch {probe.micro_batch_size}"
     )
     if heaviest == [OUTSIDE_BLOCKS]:
@@ -252,8 +253,9 @@ def peak_advice(probe: ProbeResult, workload: Workload) -> list[str]:
     if workload.activation_checkpointing:
         return [f"{where} (checkpointing is on)"]
     return [
-        f"{where}: activation checkpointing of {', '.join(blocks)} would keep only their "
-        "inputs and recompute the rest in backward"
+        f"{where}: activation checkpointing of {', '.join(blocks)} would keep only "
+        f"{'its input' if len(blocks) == 1 else 'their inputs'} and recompute the rest in "
+        "backward"
     ]
 
 

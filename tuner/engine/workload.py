@@ -66,6 +66,9 @@ class Workload:
             that change memory); part of the workload key when not none.
         shard: for FSDP, ``shard(model, fully_shard)`` calls ``fully_shard`` on each
             unit (every transformer block, say), then on ``model``.
+        variants: factory options whose values are alternatives that change memory and
+            speed, e.g. ``{"checkpointing": [False, True], "precision": ["fp32", "bf16"]}``;
+            ``tuner profile --explore`` profiles every combination and picks the fastest.
 
     Under a world size above 1, ``make_batch(n, rank=r)`` must draw rank r's samples.
     """
@@ -79,6 +82,7 @@ class Workload:
     activation_checkpointing: bool = False
     parallel: Parallel = field(default_factory=Parallel)
     shard: ShardModelFn | None = None
+    variants: dict[str, list[object]] = field(default_factory=dict)
     name: str = ""
     target: str | None = field(default=None, compare=False)
     # The factory's keyword options, as load_workload received them: a rank process loads
@@ -107,6 +111,12 @@ class Workload:
         for name in ("make_batch", "loss_fn"):
             if not callable(getattr(self, name)):
                 raise WorkloadError(f"Workload.{name} must be callable")
+        for option, values in self.variants.items():
+            if not option.isidentifier() or not isinstance(values, list) or len(values) < 2:
+                raise WorkloadError(
+                    f"Workload.variants[{option!r}] must list two or more values of the "
+                    "factory option it names, e.g. variants={'checkpointing': [False, True]}"
+                )
         if not self.name:
             self.name = type(self.model).__name__
 
@@ -198,3 +208,36 @@ def load_workload(target: str, options: Mapping[str, object] | None = None) -> W
     workload.target = target
     workload.options = dict(options or {})
     return workload
+
+
+def variant_options(workload: Workload) -> list[dict[str, object]]:
+    """Every combination of the workload's declared variants, the options given to its
+    factory held fixed (``-o precision=bf16`` explores the other options only); the
+    combination the workload was loaded with comes first."""
+    free = {
+        option: values
+        for option, values in workload.variants.items()
+        if option not in workload.options
+    }
+    combinations: list[dict[str, object]] = [{}]
+    for option, values in free.items():
+        combinations = [{**done, option: value} for done in combinations for value in values]
+    current = loaded_values(workload, list(free))
+    combinations.sort(key=lambda combination: combination != current)
+    return combinations
+
+
+def loaded_values(workload: Workload, options: list[str]) -> dict[str, object]:
+    """The values ``options`` had when the workload was loaded: given, or the factory's
+    defaults."""
+    defaults: dict[str, object] = {}
+    if workload.target is not None:
+        module_name, _, attr = workload.target.partition(":")
+        factory = getattr(importlib.import_module(module_name), attr)
+        if callable(factory) and not isinstance(factory, Workload):
+            defaults = {
+                name: parameter.default
+                for name, parameter in inspect.signature(factory).parameters.items()
+                if parameter.default is not inspect.Parameter.empty
+            }
+    return {option: workload.options.get(option, defaults.get(option)) for option in options}

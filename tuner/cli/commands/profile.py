@@ -18,10 +18,11 @@ from tuner.cli.commands._args import (
     memory,
     positive_int,
 )
-from tuner.core.errors import TunerError
+from tuner.core.errors import BadInputError, TunerError
 
 if TYPE_CHECKING:
     from tuner.core.results import Profile
+    from tuner.engine.explore import Exploration, VariantOutcome
 
 
 def add_parser(commands: Any) -> None:
@@ -103,6 +104,14 @@ def add_parser(commands: Any) -> None:
         help="optimizer steps before measuring (default 2)",
     )
     profile.add_argument(
+        "--explore",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="profile every variant the workload declares (checkpointing, precision, ...) and "
+        "pick the fastest measured for --global-batch-size; options given with -o stay fixed "
+        "(default: on by itself when M* < 4 or nothing fits)",
+    )
+    profile.add_argument(
         "--json", action="store_true", help="print one JSON object on stdout; messages go to stderr"
     )
     profile.add_argument(
@@ -122,7 +131,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     # torch is imported here, not at module level, so `tuner --help` stays fast.
     import torch
 
-    from tuner.cli.display import LiveProgress, print_profile
+    from tuner.cli.display import LiveProgress, print_exploration, print_profile
     from tuner.client import TunerClient
     from tuner.core.parallel import parse_parallel
     from tuner.core.results import ProbeSettings
@@ -139,13 +148,18 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         workload.parallel = parse_parallel(
             workload.parallel.mode, args.parallel_option, workload.parallel
         )
+    if args.explore and not workload.variants:
+        raise BadInputError(
+            f"{args.target} declares no variants to explore: give its Workload "
+            "variants={'option': [value, ...]}, or leave out --explore"
+        )
     settings = ProbeSettings(warmup_steps=args.warmup_steps)
     # Made before probing, so that a missing TUNER_URL costs no profiling time.
     client = TunerClient() if args.upload else None
 
-    def measure(observer: Any) -> Profile:
+    def measure(observer: Any, measured: Any = workload) -> Profile:
         return profile_workload(
-            workload,
+            measured,
             backend,
             headroom=args.headroom,
             strategy=args.strategy,
@@ -159,6 +173,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         with LiveProgress(stderr) as progress:
             profile = measure(progress)
         advice = _parallel_advice(profile, workload, measure, stderr)
+        exploration = _explore(args, profile, workload, backend, measure, stderr)
     except TunerError:
         raise
     except Exception:
@@ -173,18 +188,26 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
 
     found = profile.max_micro_batch_size
     recommendation = None
-    if found and args.global_batch_size is not None:
+    if exploration is not None:
+        profile = exploration.variants[0].profile  # the loaded workload's, linked to the rest
+        chosen = exploration.chosen
+        recommendation = chosen.recommendation if chosen is not None else None
+        found = chosen.profile.max_micro_batch_size if chosen is not None else 0
+    elif found and args.global_batch_size is not None:
         recommendation = recommend(
             max_micro_batch_size=found,
             probes=profile.probes,
             global_batch_size=args.global_batch_size,
             world_size=args.world_size,
         )
+    advice += _short_memory_advice(profile, recommendation, workload)
     uploaded, upload_error = None, None
     if client is not None:
         with client:
             try:
                 uploaded = client.upload_profile(profile).id
+                for outcome in exploration.variants[1:] if exploration else []:
+                    client.upload_profile(outcome.profile)
             except TunerError as exc:
                 upload_error = exc  # the profile is still printed: minutes of probing are kept
     if args.json:
@@ -196,9 +219,16 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         if uploaded is not None:
             document["profile_id"] = uploaded
         document["advice"] = advice
+        if exploration is not None:
+            document["variants"] = [_variant_document(o, exploration) for o in exploration.variants]
         sys.stdout.write(json.dumps(document) + "\n")
     else:
-        print_profile(Console(), profile, recommendation, world_size=args.world_size, advice=advice)
+        out = Console()
+        # Exploring, the recommendation is the chosen variant's: the table says which.
+        shown = None if exploration is not None else recommendation
+        print_profile(out, profile, shown, world_size=args.world_size, advice=advice)
+        if exploration is not None:
+            print_exploration(out, exploration)
     if client is not None and uploaded is not None:
         (stderr if args.json else Console()).print(
             f"uploaded as profile {uploaded} to {client.url}", highlight=False, soft_wrap=True
@@ -215,6 +245,78 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         stderr.print(nothing_fits_advice(profile, workload), highlight=False, markup=False)
         return EXIT_NOTHING_FITS
     return EXIT_OK
+
+
+def _short_memory_advice(profile: Profile, plan: Any, workload: Any) -> list[str]:
+    """Where the peak is and what would lower it, when memory is what limits the answer:
+    the global batch needs accumulation, or ``M* < 4`` (nothing fitting has its own
+    message)."""
+    from tuner.engine.explore import EXPLORE_BELOW
+    from tuner.engine.profiler import peak_advice
+
+    found = profile.max_micro_batch_size
+    probe = profile.probe_at(found)
+    if probe is None or (found >= EXPLORE_BELOW and (plan is None or plan.grad_accum == 1)):
+        return []
+    return peak_advice(probe, workload)
+
+
+def _explore(
+    args: argparse.Namespace,
+    profile: Profile,
+    workload: Any,
+    backend: Any,
+    measure: Callable[..., Profile],
+    stderr: Console,
+) -> Exploration | None:
+    """Profile the workload's variants when asked, or by itself when memory is short (the
+    message says so); ``None`` when not exploring."""
+    from tuner.cli.display import LiveProgress
+    from tuner.engine.explore import describe_variant, explore, should_explore
+
+    if args.explore is False or not workload.variants:
+        return None
+    if args.explore is None:
+        if not should_explore(profile):
+            return None
+        found = profile.max_micro_batch_size
+        why = f"M* = {found} < 4" if found else "nothing fits"
+        stderr.print(
+            f"{why}: exploring the variants {workload.name} declares "
+            f"({', '.join(workload.variants)}) to find the fastest that fits "
+            "(--no-explore skips this)",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    def measure_variant(variant: Any) -> Profile:
+        label = describe_variant(
+            {k: variant.options[k] for k in variant.variants if k in variant.options}
+        )
+        stderr.print(f"profiling variant {label} ...", highlight=False)
+        with LiveProgress(stderr) as progress:
+            return measure(progress, variant)
+
+    return explore(
+        workload,
+        backend,
+        measure_variant,
+        global_batch_size=args.global_batch_size,
+        world_size=args.world_size,
+        done=profile,
+    )
+
+
+def _variant_document(outcome: VariantOutcome, exploration: Exploration) -> dict[str, Any]:
+    plan = outcome.recommendation
+    return {
+        "variant": outcome.options,
+        "variant_group": outcome.profile.variant_group,
+        "max_micro_batch_size": outcome.profile.max_micro_batch_size,
+        "recommendation": plan.model_dump(mode="json") if plan is not None else None,
+        "samples_per_second": outcome.samples_per_second,
+        "chosen": outcome is exploration.chosen,
+    }
 
 
 def _parallel_advice(
