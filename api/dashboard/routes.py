@@ -23,6 +23,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from api.dashboard import queries
+from api.dashboard.blocks import block_bars
 from api.dashboard.web import (
     STATIC,
     cookie_would_be_dropped,
@@ -40,6 +41,7 @@ from api.errors import STATUS_BY_CODE
 from api.schemas.common import INT32_MAX
 from api.security import authenticate
 from tuner.core.errors import AuthenticationError, BadInputError, TunerError
+from tuner.core.results import OUTSIDE_BLOCKS
 
 LOGIN_REASONS = {
     "expired": "Your token is no longer accepted (revoked or unknown): sign in with a valid one.",
@@ -170,6 +172,8 @@ def profile_page(
         if probe.non_torch_bytes > 0:
             parts.append(("Outside torch", probe.non_torch_bytes, "part-other"))
         breakdown = stack(parts, profile.device.capacity_bytes)
+    located = probe or profile.oversize_probe
+    located_parts = located.breakdown if located is not None else None
     return render(
         request,
         "profile.html",
@@ -178,6 +182,10 @@ def profile_page(
         profile=profile,
         probe=probe,
         breakdown=breakdown,
+        blocks=block_bars(located_parts.activations_by_block_bytes if located_parts else {}),
+        blocks_probe=located,
+        peak_phase=located_parts.peak_phase if located_parts else None,
+        outside_blocks=OUTSIDE_BLOCKS,
         now=_now(),
     )
 

@@ -13,11 +13,11 @@ from playwright.sync_api import Page
 
 from api.dashboard.format import fmt_bytes
 from api.db import Database
-from tests.api.documents import sample_profile
+from tests.api.documents import MiB, sample_profile
 from tests.dashboard.conftest import Tab, signed_in
 from tests.dashboard.data import T0, cuda_profile, nothing_fits_profile, store
 from tests.services import ServerThread
-from tuner.core.results import Profile
+from tuner.core.results import OUTSIDE_BLOCKS, Profile
 
 
 def chart(page: Page, name: str) -> dict[str, Any]:
@@ -125,6 +125,57 @@ def test_the_breakdown_at_max_lists_each_part(tab: Tab, database: Database, read
         "rows => rows.map(r => [Number(r.dataset.size), r.dataset.fits === 'true'])"
     )
     assert sizes == [[p.micro_batch_size, p.fits] for p in profile.probes]
+
+
+def with_blocks(profile: Profile, by_block: dict[str, int], phase: str) -> Profile:
+    """``profile`` with the probe at M* recording where its peak is."""
+    probes = list(profile.probes)
+    index = max(
+        i for i, p in enumerate(probes) if p.micro_batch_size == profile.max_micro_batch_size
+    )
+    breakdown = probes[index].breakdown
+    assert breakdown is not None
+    located = breakdown.model_copy(
+        update={"activations_by_block_bytes": by_block, "peak_phase": phase}
+    )
+    probes[index] = probes[index].model_copy(update={"breakdown": located})
+    return profile.model_copy(update={"probes": probes})
+
+
+def test_the_blocks_at_max_draw_one_bar_each_in_proportion(
+    tab: Tab, database: Database, reader: str
+) -> None:
+    by_block = {
+        "embed": 2 * MiB,
+        "blocks.0": 48 * MiB,
+        "blocks.1": 24 * MiB,
+        OUTSIDE_BLOCKS: 12 * MiB,
+    }
+    plain, located = store(
+        database,
+        [
+            cuda_profile(),
+            with_blocks(cuda_profile(created_at=T0 + timedelta(days=1)), by_block, "backward"),
+        ],
+    )
+    page = signed_in(tab, reader).open(f"/profiles/{located}")
+    rows = page.locator("#blocks tr").evaluate_all(
+        """rows => rows.map(r => [r.dataset.block, r.cells[2].innerText.trim(),
+                                 r.querySelector('rect.fill').getBoundingClientRect().width,
+                                 r.querySelector('rect.track').getBoundingClientRect().width])"""
+    )
+    assert [row[:2] for row in rows] == [[name, fmt_bytes(size)] for name, size in by_block.items()]
+    drawn = {row[0]: row[2] / row[3] for row in rows}  # each bar against its full width
+    largest = max(by_block.values())
+    assert drawn == pytest.approx(
+        {name: size / largest for name, size in by_block.items()}, abs=0.01
+    )
+    assert page.locator("#peak-phase").inner_text() == "backward"
+    assert "checkpointing the longest bars" in page.locator("#blocks").inner_text()
+    tab.screenshot("profile-blocks")
+    # A profile measured without locating has no such panel.
+    page = signed_in(tab, reader).open(f"/profiles/{plain}")
+    assert page.locator("#blocks").count() == 0
 
 
 def recommendation(service: ServerThread, token: str, **params: Any) -> httpx.Response:
