@@ -21,6 +21,7 @@ from tests.helpers import REPO_ROOT
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "tuner.core": frozenset(),
     "tuner.engine": frozenset({"tuner.core"}),
+    "tuner.hf": frozenset({"tuner.core", "tuner.engine"}),
     "api": frozenset({"tuner.core"}),
     "tuner.client": frozenset({"tuner.core", "api"}),
     "tuner.train": frozenset({"tuner.core", "tuner.engine", "tuner.client"}),
