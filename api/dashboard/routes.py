@@ -35,6 +35,7 @@ from api.dashboard.web import (
     same_origin,
     stack,
 )
+from api.dashboard.worlds import world_sizes
 from api.db import Database
 from api.deps import TOKEN_COOKIE, DatabaseDep, ReadAccess, SettingsDep
 from api.errors import STATUS_BY_CODE
@@ -213,10 +214,18 @@ def workloads_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> 
 def workload_page(
     request: Request, workload_id: RowId, db: DatabaseDep, principal: ReadAccess
 ) -> Response:
-    """One workload's M* and throughput on each device, side by side."""
+    """One workload's M* and throughput on each device, side by side, and against W."""
     with db.session() as session:
         detail = queries.workload_detail(session, workload_id)
-    return render(request, "workload.html", principal=principal, detail=detail, now=_now())
+        by_world = world_sizes(session, detail.workload)
+    return render(
+        request,
+        "workload.html",
+        principal=principal,
+        detail=detail,
+        worlds=by_world,
+        now=_now(),
+    )
 
 
 # Jobs and workers

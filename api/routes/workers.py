@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response, status
+from fastapi import APIRouter, Path, Query, Response, status
 
 from api import models
 from api.deps import DatabaseDep, ReadAccess, SettingsDep, WorkerAccess
@@ -57,11 +57,23 @@ def heartbeat(worker_id: WorkerId, db: DatabaseDep, _: WorkerAccess) -> WorkerPu
     responses={204: {"description": "no queued job for this worker's device"}},
 )
 def claim(
-    worker_id: WorkerId, db: DatabaseDep, settings: SettingsDep, _: WorkerAccess
+    worker_id: WorkerId,
+    db: DatabaseDep,
+    settings: SettingsDep,
+    _: WorkerAccess,
+    ranks: Annotated[
+        int,
+        Query(
+            ge=1, le=2**20, description="ranks the worker can run: devices, or processes on a CPU"
+        ),
+    ] = 1,
 ) -> JobClaim | Response:
-    """Claim the oldest queued job for the worker's device under a lease; 204 when none."""
+    """Claim the oldest queued job for the worker's device and ranks under a lease; 204
+    when none."""
     with db.session(write=True) as session:
-        claimed = store.claim_job(session, worker_id, lease_seconds=settings.lease_seconds)
+        claimed = store.claim_job(
+            session, worker_id, lease_seconds=settings.lease_seconds, ranks=ranks
+        )
         if claimed is None:
             return Response(status_code=status.HTTP_204_NO_CONTENT)
         job, lease = claimed

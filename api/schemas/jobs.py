@@ -27,6 +27,7 @@ from api.schemas.common import (
 )
 from api.schemas.profiles import ProfileCreate
 from tuner.core.errors import BadInputError
+from tuner.core.parallel import ParallelMode
 from tuner.core.units import parse_bytes
 
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
@@ -61,6 +62,14 @@ class JobSettings(RequestModel):
     strategy: Literal["model", "bisect"] = "model"
     size_cap: PositiveInt32 = Field(default=4096, description="largest micro batch size to try")
     warmup_steps: PositiveInt32 = 2
+    world_size: PositiveInt32 = Field(
+        default=1,
+        description="ranks to profile on (with parallel ddp or fsdp): a worker takes the job "
+        "only when it has that many devices (CPU: processes)",
+    )
+    parallel: ParallelMode | None = Field(
+        default=None, description="none, ddp or fsdp; unset: what the workload declares"
+    )
 
 
 class JobCreate(RequestModel):

@@ -24,6 +24,7 @@ from api.schemas.common import (
     Reference,
     Text32,
     Text100,
+    Text200,
     Timestamp,
 )
 from api.schemas.devices import DeviceInfoCreate
@@ -31,6 +32,8 @@ from api.schemas.workloads import WorkloadInfoCreate
 from tuner.core import results
 
 SignedInt64 = Annotated[int, Field(ge=-INT64_MAX, le=INT64_MAX)]
+# A workload option's value in a variant, as `-o name=value` gives it.
+VariantValueCreate = Text200 | SignedInt64 | FiniteFloat | bool | None
 
 
 class MemoryBreakdownCreate(results.MemoryBreakdown):
@@ -41,6 +44,7 @@ class MemoryBreakdownCreate(results.MemoryBreakdown):
     activations_bytes: SignedInt64
     allocator_cache_bytes: Int64 = 0
     communication_bytes: Int64 = 0
+    activations_by_block_bytes: dict[Text200, Int64] = Field(default_factory=dict, max_length=4096)
 
 
 class ProbeCreate(results.ProbeResult):
@@ -53,6 +57,8 @@ class ProbeCreate(results.ProbeResult):
     alloc_retries: Int32 = 0
     phase_peaks_bytes: dict[Text100, SignedInt64] = Field(default_factory=dict)
     breakdown: MemoryBreakdownCreate | None = None
+    rank_peaks_bytes: list[Int64] = Field(default_factory=list)
+    rank_breakdowns: list[MemoryBreakdownCreate] = Field(default_factory=list)  # type: ignore[assignment]
     step_time_s: NonNegativeFloat | None = None
     samples_per_second: NonNegativeFloat | None = None
     steps_run: Int32 = 0
@@ -75,6 +81,9 @@ class ProbeSettingsCreate(results.ProbeSettings):
 class ProfileCreate(results.Profile):
     """A profile as the engine writes it; stored whole with its probes, or not at all."""
 
+    variant: dict[Text100, VariantValueCreate] = Field(default_factory=dict, max_length=32)
+    variant_group: Key | None = None
+
     workload_key: Key
     device_key: Key
     workload: WorkloadInfoCreate
@@ -91,16 +100,18 @@ class ProfileCreate(results.Profile):
     wall_time_s: NonNegativeFloat
     created_at: Timestamp = Field(default_factory=lambda: datetime.now(UTC))
 
+    world_size: PositiveInt32 = Field(default=1, description="ranks the probes ran on")
+
     @model_validator(mode="after")
-    def _one_process_only(self) -> ProfileCreate:
-        # The store's tables have no world size or parallel mode yet: a profile measured on
-        # W ranks stored as a one-process one would answer for runs it does not describe.
-        if self.world_size != 1 or self.parallel.mode != "none":
-            raise ValueError(
-                f"this profile was measured on {self.world_size} ranks under "
-                f"{self.parallel.mode}; the store keeps one-process profiles only for now: "
-                "keep the JSON that tuner profile --json printed"
-            )
+    def _one_entry_per_rank(self) -> ProfileCreate:
+        for probe in [*self.probes, *([self.oversize_probe] if self.oversize_probe else [])]:
+            for name in ("rank_peaks_bytes", "rank_breakdowns"):
+                count = len(getattr(probe, name))
+                if count not in (0, self.world_size):
+                    raise ValueError(
+                        f"the probe at micro batch {probe.micro_batch_size} lists {count} "
+                        f"{name} for world size {self.world_size}: give one per rank, or none"
+                    )
         return self
 
 
@@ -130,6 +141,8 @@ class ProfileSummary(BaseModel):
     size_cap: int
     fit: results.AffineFit | None
     wall_time_s: float
+    world_size: int = 1
+    parallel_mode: str = "none"
 
 
 class ProfilesPublic(Page[ProfileSummary]):

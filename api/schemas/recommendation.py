@@ -9,6 +9,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from api.schemas.common import Reference, RequestModel
 from tuner.core import plan
 from tuner.core.errors import BadInputError
+from tuner.core.parallel import ParallelMode
 
 # One step's split lists every micro batch, so the batch bounds the size of the answer.
 MAX_GLOBAL_BATCH_SIZE = 2**20
@@ -29,6 +30,11 @@ class RecommendationQuery(RequestModel):
         ge=1,
         le=MAX_GLOBAL_BATCH_SIZE,
         description="data-parallel ranks; must divide global_batch_size",
+    )
+    parallel: ParallelMode | None = Field(
+        default=None,
+        description="how the run is parallelised: none, ddp or fsdp (default: the workload's "
+        "own mode); a DDP or FSDP run is answered from profiles measured under that mode",
     )
     policy: plan.Policy = Field(
         default=plan.DEFAULT_POLICY,
@@ -66,5 +72,23 @@ class RecommendationPublic(plan.Recommendation):
     profile_device_key: str = Field(
         description="device that profile measured: another device when basis is estimated"
     )
+    profile_world_size: int = Field(description="ranks that profile was measured on")
+    profile_parallel: ParallelMode = Field(description="that profile's parallel mode")
     profile_created_at: datetime
+    parallel: ParallelMode = Field(description="the run's parallel mode, as answered")
+    based_on_profiles: list[int] = Field(
+        description="every profile the numbers rest on: several when estimated across world sizes"
+    )
+    expected_error: float | None = Field(
+        default=None,
+        description="estimated across world sizes: the fit's largest relative error on the "
+        "measured peaks (the estimate keeps that much margin)",
+    )
+    one_process_only: bool = Field(
+        default=False,
+        description="a DDP or FSDP run answered from a one-process profile: see caveat",
+    )
+    caveat: str | None = Field(
+        default=None, description="what the answer does not know, and how to measure it"
+    )
     profile_age_s: float

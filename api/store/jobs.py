@@ -151,23 +151,44 @@ def expire_leases(session: Session) -> int:
     return len(expired)
 
 
+# Queued jobs a claim looks through for one its worker has the ranks for.
+_CLAIM_WINDOW = 50
+
+
 def claim_job(
-    session: Session, worker_id: int, *, lease_seconds: float
+    session: Session, worker_id: int, *, lease_seconds: float, ranks: int = 1
 ) -> tuple[models.Job, Lease] | None:
-    """Give the oldest queued job for the worker's device (its key or its name) to the
-    worker under a new lease, or return None when there is none."""
+    """Give the oldest queued job for the worker's device (its key or its name) that needs
+    at most ``ranks`` ranks (the worker's devices, or processes on a CPU) to the worker
+    under a new lease, or return None when there is none.
+
+    A job that needs more ranks stays queued for a worker that has them, and says so in
+    its ``error`` until one claims it."""
     worker = touch_worker(session, worker_id)
     expire_leases(session)
-    job = session.scalar(
+    candidates = session.scalars(
         select(models.Job)
         .where(
             models.Job.status == "queued",
             or_(models.Job.device == worker.device.key, models.Job.device == worker.device.name),
         )
         .order_by(models.Job.created_at, models.Job.id)
-        .limit(1)
+        .limit(_CLAIM_WINDOW)
         .with_for_update(skip_locked=True)
-    )
+    ).all()
+    job = None
+    for candidate in candidates:
+        needed = job_ranks(candidate)
+        if needed <= ranks:
+            job = candidate
+            break
+        waiting = (
+            f"waiting for a worker with {needed} ranks: worker {worker.name!r} has {ranks} "
+            f"(devices, or processes on a CPU); start one with `tuner worker --ranks {needed}`"
+        )
+        if candidate.error != waiting:
+            candidate.error = waiting
+            candidate.updated_at = models.utcnow()
     if job is None:
         return None
     now = models.utcnow()
@@ -180,6 +201,12 @@ def claim_job(
     job.updated_at = now
     session.flush()
     return job, lease
+
+
+def job_ranks(job: models.Job) -> int:
+    """The ranks a job profiles on: its world size when it runs DDP or FSDP, else one."""
+    world_size = job.settings.get("world_size") or 1
+    return int(world_size) if job.settings.get("parallel") != "none" else 1
 
 
 def _held(session: Session, job_id: int, lease_id: str) -> models.Job:

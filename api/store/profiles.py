@@ -23,8 +23,10 @@ from api.schemas.profiles import ProfilePublic, ProfileQuery, ProfileSummary
 from api.schemas.workloads import WorkloadCreate
 from api.store.generation import mark_changed
 from api.store.paging import keyset_page
+from api.store.variants import variant_columns, variant_fields
 from tuner.core import results
 from tuner.core.errors import BadInputError, ConflictError, NotFoundError
+from tuner.core.parallel import Parallel
 
 # How many candidates an ambiguous name lists in its error message.
 _LISTED = 5
@@ -65,9 +67,13 @@ def upsert_device(session: Session, key: str, info: results.DeviceInfo) -> model
     return _get_or_insert(session, models.Device, key, values)
 
 
-def upsert_workload(session: Session, key: str, info: results.WorkloadInfo) -> models.Workload:
-    """The workload with ``key``, created from ``info`` if new."""
+def upsert_workload(
+    session: Session, key: str, info: results.WorkloadInfo, *, parallel_mode: str = "none"
+) -> models.Workload:
+    """The workload with ``key``, created from ``info`` if new (``parallel_mode`` is part of
+    the key, so a key has one mode)."""
     values = {
+        "parallel_mode": parallel_mode,
         "name": info.name,
         "target": info.target,
         "precision": info.precision,
@@ -234,7 +240,9 @@ def save_profile(session: Session, profile: results.Profile) -> tuple[models.Pro
     same three is refused, since history is never rewritten.
     """
     device = upsert_device(session, profile.device_key, profile.device)
-    workload = upsert_workload(session, profile.workload_key, profile.workload)
+    workload = upsert_workload(
+        session, profile.workload_key, profile.workload, parallel_mode=profile.parallel.mode
+    )
     existing = _same_profile(session, workload.id, device.id, profile)
     if existing is not None:
         return _check_identical(existing, profile), False
@@ -303,7 +311,11 @@ def _profile_row(
             if profile.oversize_probe
             else None
         ),
+        **variant_columns(profile),
         wall_time_s=profile.wall_time_s,
+        world_size=profile.world_size,
+        parallel_mode=profile.parallel.mode,
+        parallel=profile.parallel.model_dump(mode="json"),
         probes=[
             models.Probe(
                 ordinal=index,
@@ -316,6 +328,8 @@ def _profile_row(
                 alloc_retries=probe.alloc_retries,
                 phase_peaks_bytes=dict(probe.phase_peaks_bytes),
                 breakdown=probe.breakdown.model_dump(mode="json") if probe.breakdown else None,
+                rank_peaks_bytes=list(probe.rank_peaks_bytes),
+                rank_breakdowns=[b.model_dump(mode="json") for b in probe.rank_breakdowns],
                 step_time_s=probe.step_time_s,
                 samples_per_second=probe.samples_per_second,
                 steps_run=probe.steps_run,
@@ -338,20 +352,40 @@ def fit_of(row: models.Profile) -> results.AffineFit | None:
     )
 
 
+class _WorkloadColumns(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def target(self) -> str | None: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def activation_checkpointing(self) -> bool: ...
+    @property
+    def parameter_count(self) -> int: ...
+    @property
+    def optimizer(self) -> str: ...
+
+
+def workload_info(workload: _WorkloadColumns) -> results.WorkloadInfo:
+    """What the engine's schema says of a stored workload (a row, or the same columns)."""
+    return results.WorkloadInfo(
+        name=workload.name,
+        target=workload.target,
+        precision=workload.precision,
+        activation_checkpointing=workload.activation_checkpointing,
+        parameter_count=workload.parameter_count,
+        optimizer=workload.optimizer,
+    )
+
+
 def to_result(row: models.Profile) -> results.Profile:
     """The stored profile as the engine's own schema (what the client and plan take)."""
     fit = fit_of(row)
     return results.Profile(
         workload_key=row.workload.key,
         device_key=row.device.key,
-        workload=results.WorkloadInfo(
-            name=row.workload.name,
-            target=row.workload.target,
-            precision=row.workload.precision,
-            activation_checkpointing=row.workload.activation_checkpointing,
-            parameter_count=row.workload.parameter_count,
-            optimizer=row.workload.optimizer,
-        ),
+        workload=workload_info(row.workload),
         device=results.DeviceInfo(
             kind=row.device.kind,
             name=row.device.name,
@@ -376,6 +410,10 @@ def to_result(row: models.Profile) -> results.Profile:
                 breakdown=results.MemoryBreakdown.model_validate(p.breakdown)
                 if p.breakdown
                 else None,
+                rank_peaks_bytes=p.rank_peaks_bytes,
+                rank_breakdowns=[
+                    results.MemoryBreakdown.model_validate(b) for b in p.rank_breakdowns
+                ],
                 step_time_s=p.step_time_s,
                 samples_per_second=p.samples_per_second,
                 steps_run=p.steps_run,
@@ -388,7 +426,10 @@ def to_result(row: models.Profile) -> results.Profile:
         if row.oversize_probe
         else None,
         fit=fit,
+        **variant_fields(row),
         settings=results.ProbeSettings.model_validate(row.settings),
+        world_size=row.world_size,
+        parallel=Parallel.model_validate(row.parallel),
         wall_time_s=row.wall_time_s,
         created_at=row.created_at,
     )
@@ -424,6 +465,8 @@ def to_summary(row: models.Profile) -> ProfileSummary:
         size_cap=row.size_cap,
         fit=fit,
         wall_time_s=row.wall_time_s,
+        world_size=row.world_size,
+        parallel_mode=row.parallel_mode,
     )
 
 

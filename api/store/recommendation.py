@@ -32,9 +32,11 @@ from api.store.profiles import (
     choose_by_reference,
     find_device,
     find_workload,
+    workload_info,
 )
-from tuner.core import plan, results
-from tuner.core.errors import NotFoundError
+from tuner.core import plan, results, worlds
+from tuner.core.errors import BadInputError, NotFoundError, NothingFitsError
+from tuner.core.parallel import PARALLEL_MODES, Parallel, ParallelMode
 
 _P, _D, _W = models.Profile, models.Device, models.Workload
 
@@ -45,7 +47,11 @@ def _newest_measured_statement() -> Select[Any]:
     device_id: BindParameter[int] = bindparam("device_id")
     newest = (
         select(profile.id)
-        .where(profile.workload_id == workload_id, profile.device_id == device_id)
+        .where(
+            profile.workload_id == workload_id,
+            profile.device_id == device_id,
+            profile.world_size == bindparam("world_size"),
+        )
         .order_by(profile.created_at.desc())
         .limit(1)
         .scalar_subquery()
@@ -108,6 +114,24 @@ class _Workload(NamedTuple):
     key: str
     name: str
     target: str | None
+    parallel_mode: str
+    parameter_count: int
+    precision: str
+    optimizer: str
+    activation_checkpointing: bool
+
+
+_WORKLOAD_COLUMNS = (
+    _W.id,
+    _W.key,
+    _W.name,
+    _W.target,
+    _W.parallel_mode,
+    _W.parameter_count,
+    _W.precision,
+    _W.optimizer,
+    _W.activation_checkpointing,
+)
 
 
 class _Device(NamedTuple):
@@ -117,14 +141,33 @@ class _Device(NamedTuple):
     capacity_bytes: int
 
 
+def _select(*columns: Any) -> Select[Any]:
+    return select(*columns)
+
+
 class _Reads:
     """The recommendation's statements, prepared for one dialect."""
 
     def __init__(self, dialect: Dialect) -> None:
         oom = models.OomReport
-        self.workload = PreparedSelect(
-            by_key_or_name(_W.key, _W.name, _W.id, _W.key, _W.name, _W.target), dialect
+        self.workload = PreparedSelect(by_key_or_name(_W.key, _W.name, *_WORKLOAD_COLUMNS), dialect)
+        # The one-process workload a DDP or FSDP one was built from: the same name and
+        # model (the mode is part of the key, so the keys differ).
+        self.one_process_sibling = PreparedSelect(
+            _select(*_WORKLOAD_COLUMNS)
+            .where(
+                _W.name == bindparam("name"),
+                _W.parallel_mode == "none",
+                _W.parameter_count == bindparam("parameter_count"),
+                _W.precision == bindparam("precision"),
+                _W.optimizer == bindparam("optimizer"),
+                _W.activation_checkpointing == bindparam("activation_checkpointing"),
+            )
+            .order_by(_W.created_at.desc())
+            .limit(1),
+            dialect,
         )
+        self.world_profiles = PreparedSelect(_world_profiles_statement(), dialect)
         self.device = PreparedSelect(
             by_key_or_name(_D.key, _D.name, _D.id, _D.key, _D.name, _D.capacity_bytes), dialect
         )
@@ -172,6 +215,8 @@ class Source:
     device_key: str
     created_at: datetime
     headroom: float
+    world_size: int = 1
+    parallel: ParallelMode = "none"
 
 
 def recommend(
@@ -186,13 +231,18 @@ def recommend(
 def recommend_on(
     connection: Any, dialect: Dialect, query: RecommendationQuery, *, now: datetime
 ) -> RecommendationPublic:
-    """:func:`recommend` on a DBAPI connection of ``dialect``, in its current transaction."""
+    """:func:`recommend` on a DBAPI connection of ``dialect``, in its current transaction.
+
+    The run's parallel mode is the query's, else the workload's own. One process: the
+    newest profile of the pair, else an estimate from another device. DDP or FSDP: the
+    newest profile at the run's world size, else the fit across the world sizes measured
+    (``estimated``), else the one-process profile with a caveat that says what it misses.
+    """
     reads = _reads(dialect)
-    workload = choose_by_reference(
+    workload = _choose_workload(
         [_Workload(*row) for row in reads.workload.rows(connection, ref=query.workload)],
         query.workload,
-        what="workload",
-        missing=WORKLOAD_MISSING,
+        query.parallel,
     )
     device = choose_by_reference(
         [_Device(*row) for row in reads.device.rows(connection, ref=query.device)],
@@ -200,34 +250,89 @@ def recommend_on(
         what="device",
         missing=DEVICE_MISSING,
     )
-    pair = {"workload_id": workload.id, "device_id": device.id}
-    measured = reads.newest_measured.rows(connection, **pair)
-    if measured:
-        profile_id, created_at, max_micro_batch_size, headroom, limit = measured[0][:5]
-        # Only what the plan reads of each probe: size, verdict, peak and speed.
-        probes = [
-            results.ProbeResult(
-                micro_batch_size=row[5],
-                fits=row[6],
-                peak_reserved_bytes=row[7],
-                non_torch_bytes=row[8],
-                samples_per_second=row[9],
+    mode = query.parallel or _mode(workload.parallel_mode)
+    answer = _Answering(reads, connection, query, workload, device, mode, now)
+    if mode == "none":
+        if workload.parallel_mode != "none":
+            raise BadInputError(
+                f"workload {workload.name!r} ({workload.key}) is measured under "
+                f"{workload.parallel_mode}: ask with parallel={workload.parallel_mode}, or name "
+                "the one-process workload"
             )
-            for row in measured
-            if row[5] is not None
-        ]
-        chosen = plan.recommend_measured(
-            max_micro_batch_size=max_micro_batch_size,
-            probes=probes,
-            capacity_bytes=device.capacity_bytes,
-            global_batch_size=query.global_batch_size,
-            world_size=query.world_size,
-            policy=query.policy,
-            oom_limit=limit,
-        )
-        source = Source(profile_id, device.key, created_at, headroom)
-    else:
-        fitted = reads.newest_fit.rows(connection, workload_id=workload.id)
+        return answer.one_process(workload)
+    if workload.parallel_mode == mode:
+        found = answer.across_world_sizes()
+        if found is not None:
+            return found
+        sibling = answer.sibling()
+        if sibling is None:
+            raise NotFoundError(
+                f"workload {workload.name!r} ({workload.key}) has no {mode} profile on device "
+                f"{device.name!r} ({device.key}), and no one-process profile to warn from: "
+                f"profile it (`tuner profile {workload.target or 'TARGET'} --world-size "
+                f"{query.world_size} --parallel {mode} --upload`) or queue a job for it"
+            )
+        return answer.with_caveat(answer.one_process(sibling))
+    if workload.parallel_mode == "none":
+        return answer.with_caveat(answer.one_process(workload))
+    raise BadInputError(
+        f"workload {workload.name!r} ({workload.key}) is measured under "
+        f"{workload.parallel_mode}, not {mode}: ask with parallel={workload.parallel_mode}, or "
+        f"profile it under {mode}"
+    )
+
+
+def _mode(stored: str) -> ParallelMode:
+    if stored not in PARALLEL_MODES:
+        raise ValueError(f"stored parallel mode {stored!r} is not one of {PARALLEL_MODES}")
+    return stored  # type: ignore[return-value]
+
+
+def _choose_workload(rows: list[_Workload], reference: str, mode: str | None) -> _Workload:
+    """By key; else the one workload so named, or, when a name is shared by workloads of
+    several modes, the one of the run's mode (else its one-process workload)."""
+    if mode is not None and len(rows) > 1 and all(row.key != reference for row in rows):
+        for wanted in (mode, "none"):
+            of_mode = [row for row in rows if row.parallel_mode == wanted]
+            if len(of_mode) == 1:
+                return of_mode[0]
+            if of_mode:
+                break
+    return choose_by_reference(rows, reference, what="workload", missing=WORKLOAD_MISSING)
+
+
+# What a one-process profile misses of a parallel run, said to whoever asks for one.
+_MISSES = {
+    "ddp": "a DDP rank also holds the all-reduce buckets (a second copy of the gradients "
+    "unless gradient_as_bucket_view zeroes them in place), so the micro batch may run out "
+    "of memory",
+    "fsdp": "an FSDP rank holds shards of parameters, gradients and optimizer state but "
+    "all-gathers whole layers (and, syncing on the last micro batch, keeps unsharded "
+    "gradients), so its largest micro batch can be larger or smaller",
+}
+
+
+@dataclass(frozen=True)
+class _Answering:
+    """One question, once its workload, device and parallel mode are known."""
+
+    reads: _Reads
+    connection: Any
+    query: RecommendationQuery
+    workload: _Workload
+    device: _Device
+    mode: ParallelMode
+    now: datetime
+
+    def one_process(self, workload: _Workload) -> RecommendationPublic:
+        """Measured from the newest one-process profile of the pair, else estimated from
+        the workload's newest fit on another device."""
+        query, device, connection = self.query, self.device, self.connection
+        pair = {"workload_id": workload.id, "device_id": device.id}
+        found = self._measured(workload, world_size=1, parallel="none")
+        if found is not None:
+            return found
+        fitted = self.reads.newest_fit.rows(connection, workload_id=workload.id)
         if not fitted:
             raise NotFoundError(
                 f"workload {workload.name!r} ({workload.key}) has no profile on device "
@@ -238,7 +343,7 @@ def recommend_on(
         profile_id, device_key, created_at, headroom, size_cap, fixed, per_sample, points = fitted[
             0
         ]
-        limit = reads.oom_ever.rows(connection, **pair)[0][0]
+        limit = self.reads.oom_ever.rows(connection, **pair)[0][0]
         chosen = plan.recommend_estimated(
             results.AffineFit(fixed_bytes=fixed, bytes_per_sample=per_sample, points=points or 0),
             capacity_bytes=device.capacity_bytes,
@@ -249,20 +354,294 @@ def recommend_on(
             policy=query.policy,
             oom_limit=limit,
         )
-        source = Source(profile_id, device_key, created_at, headroom)
-    return RecommendationPublic(
-        **chosen.model_dump(),
-        workload_key=workload.key,
-        workload_name=workload.name,
-        device_key=device.key,
-        device_name=device.name,
-        capacity_bytes=device.capacity_bytes,
-        headroom=source.headroom,
-        oom_limit=limit,
-        profile_id=source.profile_id,
-        profile_device_key=source.device_key,
-        profile_created_at=source.created_at,
-        profile_age_s=max(0.0, (now - source.created_at).total_seconds()),
+        return self._public(
+            chosen, workload, Source(profile_id, device_key, created_at, headroom), limit
+        )
+
+    def across_world_sizes(self) -> RecommendationPublic | None:
+        """Measured at the run's world size, else estimated from the fit across the world
+        sizes measured on this device; ``None`` when none was."""
+        query, workload, device = self.query, self.workload, self.device
+        pair = {"workload_id": workload.id, "device_id": device.id}
+        found = self._measured(workload, world_size=query.world_size, parallel=self.mode)
+        if found is not None:
+            return found
+        profiles = _newest_per_world_size(
+            self.reads.world_profiles.rows(self.connection, **pair), workload, device
+        )
+        if not profiles:
+            return None
+        limit = self.reads.oom_ever.rows(self.connection, **pair)[0][0]
+        estimate = _estimate(profiles, query.world_size, self.mode)
+        if estimate.max_micro_batch_size < 1:
+            raise NothingFitsError(
+                f"estimated from world sizes {estimate.world_sizes}, not even a micro batch "
+                f"of 1 fits at world size {query.world_size}: profile at this world size to "
+                "measure it"
+            )
+        chosen = plan.recommend_measured(
+            max_micro_batch_size=estimate.max_micro_batch_size,
+            probes=(),
+            capacity_bytes=device.capacity_bytes,
+            global_batch_size=query.global_batch_size,
+            world_size=query.world_size,
+            policy=query.policy,
+            oom_limit=limit,
+        )
+        # The estimate's peak is for its own size; a smaller choice (an OOM limit, the
+        # batch) has no figure of its own.
+        peak = (
+            estimate.expected_peak_bytes
+            if chosen.micro_batch_size == estimate.max_micro_batch_size
+            else None
+        )
+        chosen = chosen.model_copy(
+            update={
+                "basis": "estimated",
+                "expected_peak_bytes": peak,
+                "expected_headroom_bytes": device.capacity_bytes - peak if peak else None,
+            }
+        )
+        newest = max(estimate.based_on, key=lambda stored: stored.profile.created_at)
+        source = Source(
+            newest.id,
+            device.key,
+            newest.profile.created_at,
+            newest.profile.headroom,
+            newest.profile.world_size,
+            self.mode,
+        )
+        return self._public(
+            chosen,
+            workload,
+            source,
+            limit,
+            based_on=[stored.id for stored in estimate.based_on],
+            expected_error=estimate.expected_error,
+            caveat=estimate.caveat,
+        )
+
+    def _measured(
+        self, workload: _Workload, *, world_size: int, parallel: ParallelMode
+    ) -> RecommendationPublic | None:
+        """From the newest profile of the pair measured at ``world_size``, if any."""
+        measured = self.reads.newest_measured.rows(
+            self.connection,
+            workload_id=workload.id,
+            device_id=self.device.id,
+            world_size=world_size,
+        )
+        if not measured:
+            return None
+        profile_id, created_at, max_micro_batch_size, headroom, limit = measured[0][:5]
+        chosen = plan.recommend_measured(
+            max_micro_batch_size=max_micro_batch_size,
+            probes=_plan_probes(measured),
+            capacity_bytes=self.device.capacity_bytes,
+            global_batch_size=self.query.global_batch_size,
+            world_size=self.query.world_size,
+            policy=self.query.policy,
+            oom_limit=limit,
+        )
+        source = Source(profile_id, self.device.key, created_at, headroom, world_size, parallel)
+        return self._public(chosen, workload, source, limit)
+
+    def sibling(self) -> _Workload | None:
+        """The one-process workload this DDP or FSDP workload was built from, if stored."""
+        w = self.workload
+        rows = self.reads.one_process_sibling.rows(
+            self.connection,
+            name=w.name,
+            parameter_count=w.parameter_count,
+            precision=w.precision,
+            optimizer=w.optimizer,
+            activation_checkpointing=w.activation_checkpointing,
+        )
+        return _Workload(*rows[0]) if rows else None
+
+    def with_caveat(self, answer: RecommendationPublic) -> RecommendationPublic:
+        """A one-process answer for a DDP or FSDP run: ``estimated``, and saying why."""
+        ranks = f"{self.query.world_size} rank{'s' if self.query.world_size != 1 else ''}"
+        caveat = (
+            f"this workload was only measured in one process, not under {self.mode} on "
+            f"{ranks}: {_MISSES[self.mode]}; profile it as it trains (`tuner profile "
+            f"{self.workload.target or 'TARGET'} --world-size {self.query.world_size} "
+            f"--parallel {self.mode} --upload`)"
+        )
+        return answer.model_copy(
+            update={"basis": "estimated", "one_process_only": True, "caveat": caveat}
+        )
+
+    def _public(
+        self,
+        chosen: plan.Recommendation,
+        workload: _Workload,
+        source: Source,
+        limit: int | None,
+        *,
+        based_on: list[int] | None = None,
+        expected_error: float | None = None,
+        caveat: str | None = None,
+    ) -> RecommendationPublic:
+        return RecommendationPublic(
+            **chosen.model_dump(),
+            parallel=self.mode,
+            workload_key=workload.key,
+            workload_name=workload.name,
+            device_key=self.device.key,
+            device_name=self.device.name,
+            capacity_bytes=self.device.capacity_bytes,
+            headroom=source.headroom,
+            oom_limit=limit,
+            profile_id=source.profile_id,
+            profile_device_key=source.device_key,
+            profile_world_size=source.world_size,
+            profile_parallel=source.parallel,
+            profile_created_at=source.created_at,
+            profile_age_s=max(0.0, (self.now - source.created_at).total_seconds()),
+            based_on_profiles=based_on or [source.profile_id],
+            expected_error=expected_error,
+            caveat=caveat,
+        )
+
+
+def _plan_probes(measured: list[Any]) -> list[results.ProbeResult]:
+    """Only what the plan reads of each probe: size, verdict, peak and speed."""
+    return [
+        results.ProbeResult(
+            micro_batch_size=row[5],
+            fits=row[6],
+            peak_reserved_bytes=row[7],
+            non_torch_bytes=row[8],
+            samples_per_second=row[9],
+        )
+        for row in measured
+        if row[5] is not None
+    ]
+
+
+def _world_profiles_statement() -> Select[Any]:
+    """Every profile of the pair with the probe columns the fit across world sizes reads,
+    newest first."""
+    probe = models.Probe
+    return (
+        select(
+            _P.id,
+            _P.created_at,
+            _P.world_size,
+            _P.parallel,
+            _P.max_micro_batch_size,
+            _P.headroom,
+            _P.budget_bytes,
+            _P.strategy,
+            _P.size_cap,
+            probe.micro_batch_size,
+            probe.fits,
+            probe.peak_allocated_bytes,
+            probe.peak_reserved_bytes,
+            probe.non_torch_bytes,
+            probe.phase_peaks_bytes,
+        )
+        .outerjoin(probe, probe.profile_id == _P.id)
+        .where(_P.workload_id == bindparam("workload_id"), _P.device_id == bindparam("device_id"))
+        .order_by(_P.created_at.desc(), _P.id.desc(), probe.ordinal)
+    )
+
+
+class _Stored(NamedTuple):
+    id: int
+    profile: results.Profile
+
+
+def _newest_per_world_size(rows: list[Any], workload: _Workload, device: _Device) -> list[_Stored]:
+    """The newest profile at each world size, as much of it as the fit reads."""
+    probes: dict[int, list[results.ProbeResult]] = {}
+    heads: dict[int, Any] = {}
+    for row in rows:
+        heads.setdefault(row[0], row)
+        if row[9] is not None:
+            probes.setdefault(row[0], []).append(
+                results.ProbeResult(
+                    micro_batch_size=row[9],
+                    fits=row[10],
+                    peak_allocated_bytes=row[11],
+                    peak_reserved_bytes=row[12],
+                    non_torch_bytes=row[13],
+                    phase_peaks_bytes=row[14] or {},
+                )
+            )
+    newest: dict[int, _Stored] = {}
+    for profile_id, head in heads.items():  # newest first, so the first at a size stays
+        world_size = head[2]
+        if world_size in newest:
+            continue
+        newest[world_size] = _Stored(
+            profile_id,
+            results.Profile(
+                workload_key=workload.key,
+                device_key=device.key,
+                workload=workload_info(workload),
+                device=results.DeviceInfo(
+                    kind="unknown", name=device.name, capacity_bytes=device.capacity_bytes
+                ),
+                created_at=head[1],
+                world_size=world_size,
+                parallel=Parallel.model_validate(head[3]),
+                max_micro_batch_size=head[4],
+                headroom=head[5],
+                budget_bytes=head[6],
+                strategy=head[7],
+                size_cap=head[8],
+                probes=probes.get(profile_id, []),
+                fit=None,
+                settings=results.ProbeSettings(),
+                wall_time_s=0.0,
+            ),
+        )
+    return sorted(newest.values(), key=lambda stored: stored.profile.world_size)
+
+
+class _Estimate(NamedTuple):
+    max_micro_batch_size: int
+    expected_peak_bytes: int | None
+    based_on: list[_Stored]
+    expected_error: float | None
+    caveat: str | None
+
+    @property
+    def world_sizes(self) -> str:
+        return ", ".join(str(stored.profile.world_size) for stored in self.based_on)
+
+
+def _estimate(profiles: list[_Stored], world_size: int, mode: str) -> _Estimate:
+    """From the fit across two or more world sizes; from one smaller world size, its own
+    M* (a rank's memory does not grow with the world size, so it still fits)."""
+    if len(profiles) >= 2:
+        found = worlds.estimate_world_size([stored.profile for stored in profiles], world_size)
+        return _Estimate(
+            found.max_micro_batch_size,
+            found.expected_peak_bytes or None,
+            profiles,
+            found.fit.max_relative_error,
+            None,
+        )
+    [only] = profiles
+    measured_at = only.profile.world_size
+    if measured_at > world_size:
+        raise NotFoundError(
+            f"this workload was measured under {mode} at world size {measured_at} only; a rank "
+            f"at world size {world_size} may hold more: profile it at world size {world_size}, "
+            "or at a second world size to estimate from"
+        )
+    probe = only.profile.probe_at(only.profile.max_micro_batch_size)
+    return _Estimate(
+        only.profile.max_micro_batch_size,
+        probe.footprint_bytes if probe is not None else None,
+        [only],
+        None,
+        f"measured at world size {measured_at} only: a rank's memory does not grow with the "
+        f"world size, so its largest micro batch is kept; profile at world size "
+        f"{world_size} (or a second world size) for a larger one",
     )
 
 

@@ -156,13 +156,16 @@ def test_an_oom_in_training_reported_to_the_service_lowers_the_next_plan(
         halvings.append((failed, new))
         reporter(failed, new, message)
 
-    accumulator = Accumulator.for_workload(workload, largest, on_oom=on_oom)
+    # The plan's own split (max: M* first), so the first micro batch is M* itself.
+    accumulator = Accumulator.for_workload(workload, largest, on_oom=on_oom, split=plan.split)
     batch = workload.make_batch(BATCH)
     # Two steps: AdamW's moments exist from the first step's end, as in the profile's probes.
     reports = [tracked_step(accumulator, batch, smaller) for _ in range(2)]
 
     assert halvings == [(largest, largest // 2)]
-    assert [r.micro_batch_size for r in reports] == [largest, largest // 2]
+    # After halving, the batch is split again into micro batches of at most half.
+    halved = max(balanced_split(BATCH, largest // 2))
+    assert [r.micro_batch_size for r in reports] == [largest, halved]
     assert reporter.reported == [largest]
     profiled.forbid()
     lowered = plan_for(workload, client, policy="max")

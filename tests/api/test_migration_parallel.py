@@ -21,6 +21,50 @@ def _insert(connection: Connection, table: str, **values: Any) -> None:
     connection.execute(text(f"INSERT INTO {table} ({names}) VALUES ({marks})"), values)
 
 
+def _profile_with_a_probe(
+    connection: Connection,
+    row_id: int,
+    *,
+    created_at: datetime,
+    max_micro_batch_size: int,
+    profile: dict[str, Any] | None = None,
+    probe: dict[str, Any] | None = None,
+) -> None:
+    """A profile of workload 1 on device 1 and its probe at M*, with extra columns."""
+    _insert(
+        connection,
+        "profiles",
+        id=row_id,
+        workload_id=1,
+        device_id=1,
+        created_at=created_at,
+        headroom=0.05,
+        budget_bytes=2**29,
+        strategy="model",
+        size_cap=64,
+        max_micro_batch_size=max_micro_batch_size,
+        settings="{}",
+        wall_time_s=1.0,
+        **(profile or {}),
+    )
+    _insert(
+        connection,
+        "probes",
+        id=row_id,
+        profile_id=row_id,
+        ordinal=0,
+        micro_batch_size=max_micro_batch_size,
+        fits=True,
+        oom=False,
+        non_torch_bytes=0,
+        alloc_retries=0,
+        phase_peaks_bytes="{}",
+        steps_run=3,
+        wall_time_s=0.1,
+        **(probe or {}),
+    )
+
+
 def _rows_before_0004(url: str) -> None:
     engine = create_db_engine(url)
     with engine.begin() as connection:
@@ -48,36 +92,7 @@ def _rows_before_0004(url: str) -> None:
             optimizer="AdamW",
             created_at=WHEN,
         )
-        _insert(
-            connection,
-            "profiles",
-            id=1,
-            workload_id=1,
-            device_id=1,
-            created_at=WHEN,
-            headroom=0.05,
-            budget_bytes=2**29,
-            strategy="model",
-            size_cap=64,
-            max_micro_batch_size=8,
-            settings="{}",
-            wall_time_s=1.0,
-        )
-        _insert(
-            connection,
-            "probes",
-            id=1,
-            profile_id=1,
-            ordinal=0,
-            micro_batch_size=8,
-            fits=True,
-            oom=False,
-            non_torch_bytes=0,
-            alloc_retries=0,
-            phase_peaks_bytes="{}",
-            steps_run=3,
-            wall_time_s=0.1,
-        )
+        _profile_with_a_probe(connection, 1, created_at=WHEN, max_micro_batch_size=8)
     engine.dispose()
 
 
@@ -112,40 +127,13 @@ def test_rows_upgrade_as_one_process_and_multi_rank_rows_go_on_downgrade(
 
     engine = create_db_engine(database_url)
     with engine.begin() as connection:  # a DDP profile at two ranks, stored under 0004
-        _insert(
+        _profile_with_a_probe(
             connection,
-            "profiles",
-            id=2,
-            workload_id=1,
-            device_id=1,
+            2,
             created_at=datetime(2026, 11, 2, tzinfo=UTC),
-            headroom=0.05,
-            budget_bytes=2**29,
-            strategy="model",
-            size_cap=64,
             max_micro_batch_size=6,
-            settings="{}",
-            wall_time_s=1.0,
-            world_size=2,
-            parallel_mode="ddp",
-            parallel='{"mode": "ddp"}',
-        )
-        _insert(
-            connection,
-            "probes",
-            id=2,
-            profile_id=2,
-            ordinal=0,
-            micro_batch_size=6,
-            fits=True,
-            oom=False,
-            non_torch_bytes=0,
-            alloc_retries=0,
-            phase_peaks_bytes="{}",
-            steps_run=3,
-            wall_time_s=0.1,
-            rank_peaks_bytes="[10, 12]",
-            rank_breakdowns="[]",
+            profile={"world_size": 2, "parallel_mode": "ddp", "parallel": '{"mode": "ddp"}'},
+            probe={"rank_peaks_bytes": "[10, 12]", "rank_breakdowns": "[]"},
         )
     engine.dispose()
 

@@ -19,6 +19,7 @@ from tests.api.builders import at, error_of, upload
 from tests.api.conftest import make_token
 from tests.api.documents import MiB, sample_profile
 from tests.services import ServerThread
+from tuner.core.results import Profile
 
 
 def _client(service: ServerThread, token: str | None) -> httpx.Client:
@@ -421,15 +422,49 @@ def test_the_openapi_document_lists_every_resource(http: httpx.Client) -> None:
         assert path in paths
 
 
-def test_a_profile_measured_on_several_ranks_is_refused_until_the_store_keeps_world_sizes(
-    http: httpx.Client,
-) -> None:
+def _ddp_profile_at_two_ranks() -> Profile:
     from tuner.core.parallel import Parallel
 
-    document = sample_profile().model_copy(
-        update={"world_size": 2, "parallel": Parallel(mode="ddp")}
+    base = sample_profile()
+    probes = [
+        probe.model_copy(
+            update={
+                "rank_peaks_bytes": [probe.peak_reserved_bytes, probe.peak_reserved_bytes - 1],
+                "rank_breakdowns": [probe.breakdown, probe.breakdown],
+            }
+        )
+        for probe in base.probes
+    ]
+    return base.model_copy(
+        update={
+            "world_size": 2,
+            "parallel": Parallel(mode="ddp", bucket_cap_mb=10.0),
+            "probes": probes,
+        }
     )
+
+
+def test_a_profile_measured_on_several_ranks_is_stored_with_its_ranks(
+    http: httpx.Client,
+) -> None:
+    document = _ddp_profile_at_two_ranks()
+    stored = upload(http, document)
+    again = http.get(f"/api/v1/profiles/{stored['id']}").json()
+    assert (
+        Profile.model_validate(
+            {k: v for k, v in again.items() if k not in ("id", "workload_id", "device_id")}
+        )
+        == document
+    )
+    [summary] = http.get("/api/v1/profiles").json()["data"]
+    assert (summary["world_size"], summary["parallel_mode"]) == (2, "ddp")
+
+
+def test_a_probe_with_a_peak_per_rank_for_another_world_size_is_refused(
+    http: httpx.Client,
+) -> None:
+    document = _ddp_profile_at_two_ranks().model_copy(update={"world_size": 3})
     response = http.post("/api/v1/profiles", json=document.model_dump(mode="json"))
     assert response.status_code == 422
-    assert "one-process profiles only" in response.text
+    assert "lists 2 rank_peaks_bytes for world size 3" in response.text
     assert http.get("/api/v1/profiles").json()["count"] == 0

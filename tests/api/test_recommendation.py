@@ -261,7 +261,14 @@ def test_openapi_documents_the_questions_parameters(http: httpx.Client) -> None:
     """The route reads its query itself (for speed); the schema must still say what it takes."""
     operation = http.get("/openapi.json").json()["paths"]["/api/v1/recommendation"]["get"]
     parameters = {p["name"]: p for p in operation["parameters"]}
-    assert set(parameters) == {"workload", "device", "global_batch_size", "world_size", "policy"}
+    assert set(parameters) == {
+        "workload",
+        "device",
+        "global_batch_size",
+        "world_size",
+        "parallel",
+        "policy",
+    }
     assert all(p["in"] == "query" for p in parameters.values())
     assert [name for name, p in parameters.items() if p["required"]] == [
         "workload",

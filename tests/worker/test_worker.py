@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -142,6 +143,13 @@ def test_the_device_is_described_in_a_subprocess() -> None:
     assert identity.key == device_key(backend)
     assert identity.info.capacity_bytes == 64 * MiB
     assert identity.info.name == backend.describe().name
+    assert identity.ranks == (os.cpu_count() or 1)  # a CPU rank is a process, one per core
+
+
+def test_a_jobs_world_size_and_parallel_mode_reach_the_command() -> None:
+    flags = command_for(settings={"world_size": 4, "parallel": "ddp"})[6:]
+    assert flags[-4:] == ["--world-size", "4", "--parallel", "ddp"]
+    assert "--parallel" not in command_for(settings={"world_size": 1, "parallel": None})
 
 
 @pytest.mark.parametrize(

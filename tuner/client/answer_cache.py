@@ -54,16 +54,24 @@ class Question:
     global_batch_size: int
     world_size: int
     policy: str
+    parallel: str | None = None  # none, ddp or fsdp; None: the workload's own mode
 
     def params(self) -> dict[str, Any]:
         """The question as the service's query parameters."""
-        document = asdict(self)
+        document = self._fields()
         del document["service"]
         return document
 
     def document(self) -> dict[str, Any]:
         """The question as written into its file, the service's password left out."""
-        return {**asdict(self), "service": redact(self.service)}
+        return {**self._fields(), "service": redact(self.service)}
+
+    def _fields(self) -> dict[str, Any]:
+        # Left out when not given, so a question asked as before keeps its query and file.
+        document = asdict(self)
+        if document["parallel"] is None:
+            del document["parallel"]
+        return document
 
     def digest(self) -> str:
         canonical = json.dumps(self.document(), sort_keys=True, separators=(",", ":"))
@@ -71,6 +79,8 @@ class Question:
 
     def describe(self) -> str:
         ranks = f" over {self.world_size} ranks" if self.world_size > 1 else ""
+        if self.parallel not in (None, "none"):
+            ranks += f" under {self.parallel}"
         return (
             f"workload {self.workload!r} on device {self.device!r}, global batch "
             f"{self.global_batch_size}{ranks}, policy {self.policy}"

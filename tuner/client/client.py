@@ -217,6 +217,7 @@ class TunerClient:
         device: str,
         global_batch_size: int,
         world_size: int = 1,
+        parallel: str | None = None,
         policy: str = plan.DEFAULT_POLICY,
         fallback: None = None,
     ) -> RecommendationPublic: ...
@@ -229,6 +230,7 @@ class TunerClient:
         device: str,
         global_batch_size: int,
         world_size: int = 1,
+        parallel: str | None = None,
         policy: str = plan.DEFAULT_POLICY,
         fallback: Fallback,
     ) -> plan.Recommendation: ...
@@ -240,12 +242,18 @@ class TunerClient:
         device: str,
         global_batch_size: int,
         world_size: int = 1,
+        parallel: str | None = None,
         policy: str = plan.DEFAULT_POLICY,
         fallback: Fallback | None = None,
     ) -> plan.Recommendation:
         """Micro batch and accumulation steps for ``workload`` (key or name) on ``device``.
 
         global batch = micro batch × accumulation steps × world size
+
+        ``parallel`` (``none``, ``ddp``, ``fsdp``; default the workload's own mode) is how
+        the run spreads over its ``world_size`` ranks: a DDP or FSDP run is answered from
+        profiles measured that way, at that world size or estimated across others; from a
+        one-process profile only with ``one_process_only`` set and a ``caveat``.
 
         When the service cannot be reached (after the retries), the answer is the last one
         it gave to this question, as a :class:`CachedRecommendation`; else ``fallback``,
@@ -254,7 +262,9 @@ class TunerClient:
         question. With neither, the ``ServiceUnavailableError`` is raised. Answers from the
         service (no profile, bad input, no access) are raised as they are, never masked.
         """
-        question = Question(self.url, workload, device, global_batch_size, world_size, policy)
+        question = Question(
+            self.url, workload, device, global_batch_size, world_size, policy, parallel
+        )
         # Checked now, not when first needed: a wrong fallback must not wait for an outage.
         backup = None if fallback is None else _fallback_answer(fallback, question)
         try:
@@ -395,10 +405,14 @@ class TunerClient:
         strategy: str | None = None,
         size_cap: int | None = None,
         warmup_steps: int | None = None,
+        world_size: int | None = None,
+        parallel: str | None = None,
     ) -> JobPublic:
         """Queue ``tuner profile TARGET`` for a worker on ``device`` (its key or name).
 
-        Settings left out take the worker's defaults, as ``tuner profile``'s flags do.
+        Settings left out take the worker's defaults, as ``tuner profile``'s flags do. With
+        ``world_size`` and ``parallel`` (``ddp``, ``fsdp``) the job profiles on that many
+        ranks, and only a worker with that many devices (CPU: processes) takes it.
         """
         settings = {
             name: value
@@ -408,6 +422,8 @@ class TunerClient:
                 ("strategy", strategy),
                 ("size_cap", size_cap),
                 ("warmup_steps", warmup_steps),
+                ("world_size", world_size),
+                ("parallel", parallel),
             )
             if value is not None
         }

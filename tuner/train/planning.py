@@ -18,11 +18,14 @@ workload on this device, measured once and remembered by the service.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import pickle
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from functools import partial
+from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 from pydantic import JsonValue
 
 from tuner.client import (
@@ -71,7 +74,7 @@ def plan_training(
     workload: Workload,
     *,
     global_batch_size: int,
-    world_size: int = 1,
+    world_size: int | None = None,
     device: str | None = None,
     memory_limit_bytes: int | None = None,
     headroom: float = DEFAULT_HEADROOM,
@@ -105,11 +108,103 @@ def plan_training(
     that profile, and the other modes raise ``ServiceUnavailableError``. ``client`` defaults
     to ``TunerClient()`` (``TUNER_URL``, ``TUNER_TOKEN``).
 
-    Under torch.distributed, plan on one rank and broadcast the answer: ranks that each
-    profile measure their own device, and their answers need not agree.
+    The question carries the run's world size and ``workload.parallel``: a DDP or FSDP
+    workload is answered from profiles measured that way (profiling it here runs
+    ``world_size`` rank processes of its own); an answer from a one-process profile is
+    ``estimated`` and says so (``caveat``), so ``"profile"`` and ``"queue"`` measure it.
+
+    Under ``torch.distributed`` (initialised, more than one rank) rank 0 plans, alone, and
+    broadcasts the plan or its error: every rank returns the same plan or raises the same
+    error. ``world_size`` defaults to the process group's size there, else 1.
     """
     if missing not in MISSING:
         raise BadInputError(f"missing={missing!r}: use one of {', '.join(MISSING)}")
+    group = _process_group_size()
+    if world_size is None:
+        world_size = group or 1
+    planner = partial(
+        _plan,
+        workload,
+        global_batch_size=global_batch_size,
+        world_size=world_size,
+        device=device,
+        memory_limit_bytes=memory_limit_bytes,
+        headroom=headroom,
+        policy=policy,
+        missing=missing,
+        client=client,
+        fallback=fallback,
+        strategy=strategy,
+        size_cap=size_cap,
+        options=options,
+        job_timeout=job_timeout,
+        poll_interval=poll_interval,
+    )
+    return planner() if group is None else _planned_on_rank_zero(planner)
+
+
+def _process_group_size() -> int | None:
+    """The size of the default process group when one with several ranks is running."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    size = dist.get_world_size()
+    return size if size > 1 else None
+
+
+def _planned_on_rank_zero(planner: Callable[[], plans.Recommendation]) -> plans.Recommendation:
+    """``planner()`` on rank 0, its plan or its error broadcast to every rank.
+
+    Any exception on rank 0 is sent, not only the tuner's own: a rank left waiting for a
+    broadcast that never comes would hang the job. Rank 0 re-raises its own exception
+    (with its traceback); the others raise the copy they received.
+    """
+    payload: list[Any] = [None]
+    failure: BaseException | None = None
+    if dist.get_rank() == 0:
+        try:
+            payload = [("plan", planner())]
+        except Exception as exc:
+            failure = exc
+            payload = [("error", _portable(exc))]
+    dist.broadcast_object_list(payload, src=0)
+    if failure is not None:
+        raise failure
+    kind, value = payload[0]
+    if kind == "error":
+        raise value
+    plan: plans.Recommendation = value
+    return plan
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` if it survives pickling (the tuner's errors do), else a ``TunerError`` that
+    says what rank 0 raised."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return TunerError(f"rank 0 could not plan: {type(exc).__name__}: {exc}")
+    return exc
+
+
+def _plan(
+    workload: Workload,
+    *,
+    global_batch_size: int,
+    world_size: int,
+    device: str | None,
+    memory_limit_bytes: int | None,
+    headroom: float,
+    policy: str,
+    missing: Missing,
+    client: TunerClient | None,
+    fallback: Fallback | None,
+    strategy: str,
+    size_cap: int,
+    options: Mapping[str, JsonValue] | None,
+    job_timeout: float,
+    poll_interval: float,
+) -> plans.Recommendation:
+    """:func:`plan_training` in this process alone."""
     backend = training_backend(device, memory_limit_bytes)
     owned = client is None
     client = client or TunerClient()
@@ -177,6 +272,7 @@ class _Planner:
             device=self.device_key,
             global_batch_size=self.global_batch_size,
             world_size=self.world_size,
+            parallel=self.workload.parallel.mode,
             policy=self.policy,
             fallback=fallback if fallback is not None else self.fallback,
         )
@@ -190,6 +286,7 @@ class _Planner:
             headroom=self.headroom,
             strategy=self.strategy,
             size_cap=self.size_cap,
+            world_size=self.world_size,
         )
         try:
             self.client.upload_profile(profile)  # even when nothing fits: that is known now
@@ -245,6 +342,8 @@ class _Planner:
             headroom=self.headroom,
             strategy=self.strategy,
             size_cap=self.size_cap,
+            world_size=self.world_size if self.workload.parallel.distributed else None,
+            parallel=self.workload.parallel.mode if self.workload.parallel.distributed else None,
         )
         done = self.client.wait_for_job(job.id, timeout=timeout, poll=poll)
         if done.status == "failed":

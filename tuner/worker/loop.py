@@ -16,6 +16,7 @@ lease is gone, the job belongs to someone else and the worker drops it.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -58,6 +59,12 @@ class WorkerSettings(BaseSettings):
     name: str = Field(default_factory=socket.gethostname)
     device: str | None = None
     memory_limit: Annotated[int | None, BeforeValidator(_optional_bytes)] = None
+    ranks: int | None = Field(
+        default=None,
+        ge=1,
+        description="ranks a job may profile on (DDP/FSDP world size); default: the GPUs "
+        "on cuda, the CPU cores on cpu",
+    )
     poll_interval: float = Field(default=2.0, gt=0)
     job_timeout: float = Field(default=3600.0, gt=0)
 
@@ -72,6 +79,7 @@ class DeviceIdentity:
     device: str
     key: str
     info: DeviceInfo
+    ranks: int = 1  # devices of this kind on the host (processes on a CPU)
 
 
 # Importing torch and initialising CUDA takes seconds; minutes means a stuck driver.
@@ -101,6 +109,7 @@ def describe_device(device: str | None, memory_limit_bytes: int | None) -> Devic
         device=document["device"],
         key=document["key"],
         info=DeviceInfo.model_validate(document["info"]),
+        ranks=int(document.get("ranks", 1)),
     )
 
 
@@ -122,6 +131,8 @@ def describe_main(argv: list[str]) -> int:
         "device": device,
         "key": device_key(backend),
         "info": backend.describe().model_dump(mode="json"),
+        # One rank per GPU under NCCL; on a CPU a rank is a process, one per core.
+        "ranks": torch.cuda.device_count() if backend.kind == "cuda" else os.cpu_count() or 1,
     }
     print(json.dumps(document))
     return 0
@@ -217,6 +228,7 @@ class Worker:
         memory_limit_bytes: int | None = None,
         poll_interval: float = 2.0,
         job_timeout: float = 3600.0,
+        ranks: int | None = None,
         log: Log,
     ) -> None:
         self._url, self._token = url, token
@@ -226,6 +238,8 @@ class Worker:
         self.memory_limit_bytes = memory_limit_bytes
         self.poll_interval = poll_interval
         self.job_timeout = job_timeout
+        # Jobs that profile on more ranks than this stay queued for another worker.
+        self.ranks = ranks or identity.ranks
         self.log = log
         self.worker_id: int | None = None
         self.jobs_done = 0
@@ -263,7 +277,8 @@ class Worker:
             info = self.identity.info
             self.log(
                 f"registered as worker {self.worker_id} on {info.name} "
-                f"(device key {self.identity.key}, {self.identity.device})"
+                f"(device key {self.identity.key}, {self.identity.device}); takes jobs of up "
+                f"to {self.ranks} rank{'s' if self.ranks != 1 else ''}"
             )
             return self.worker_id
 
@@ -290,7 +305,11 @@ class Worker:
 
     def _claim(self) -> Claim | None:
         try:
-            reply = self._transport.request("POST", f"/api/v1/workers/{self.worker_id}/claim")
+            reply = self._transport.request(
+                "POST",
+                f"/api/v1/workers/{self.worker_id}/claim",
+                params={"ranks": self.ranks},
+            )
         except NotFoundError:
             self.log("the service no longer knows this worker; registering again")
             self.register()

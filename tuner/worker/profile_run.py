@@ -37,6 +37,8 @@ SETTING_FLAGS = {
     "strategy": "--strategy",
     "size_cap": "--max",
     "warmup_steps": "--warmup-steps",
+    "world_size": "--world-size",
+    "parallel": "--parallel",
 }
 
 

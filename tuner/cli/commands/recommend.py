@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from tuner.cli.commands._args import EXIT_NOTHING_FITS, EXIT_OK, positive_int
 from tuner.core.errors import NothingFitsError
+from tuner.core.parallel import PARALLEL_MODES
 from tuner.core.plan import DEFAULT_POLICY, POLICIES
 from tuner.core.units import format_bytes
+
+if TYPE_CHECKING:
+    from api.schemas.recommendation import RecommendationPublic
 
 
 def add_parser(commands: Any) -> None:
@@ -31,6 +35,13 @@ def add_parser(commands: Any) -> None:
     )
     recommend.add_argument(
         "--world-size", type=positive_int, default=1, help="data-parallel ranks (default 1)"
+    )
+    recommend.add_argument(
+        "--parallel",
+        choices=PARALLEL_MODES,
+        default=None,
+        help="how the run spreads over its ranks (default: the workload's own mode); ddp and "
+        "fsdp are answered from profiles measured that way",
     )
     recommend.add_argument(
         "--policy",
@@ -57,6 +68,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
                 device=args.device,
                 global_batch_size=args.global_batch_size,
                 world_size=args.world_size,
+                parallel=args.parallel,
                 policy=args.policy,
             )
         except NothingFitsError as exc:
@@ -69,11 +81,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         return EXIT_OK
     print(answer.describe())
     print(answer.reason)
-    source = (
-        f"measured by profile {answer.profile_id}"
-        if answer.basis == "measured"
-        else f"estimated from profile {answer.profile_id} on device {answer.profile_device_key}"
-    )
+    source = _source(answer)
     print(
         f"{answer.workload_name} on {answer.device_name}: {source}, "
         f"{_age(answer.profile_age_s)} old"
@@ -84,12 +92,37 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     if answer.expected_samples_per_second is not None:
         numbers.append(f"{answer.expected_samples_per_second:.1f} samples/s")
     print(f"{answer.basis}: " + ", ".join(numbers))
+    if answer.caveat is not None:
+        print(f"caution: {answer.caveat}")
     if answer.oom_limit is not None:
         print(
             f"kept below micro batch {answer.oom_limit}, which ran out of memory in training; "
             "a newer profile lifts this"
         )
     return EXIT_OK
+
+
+def _source(answer: RecommendationPublic) -> str:
+    """Which profiles the numbers come from, and how they were measured."""
+    ranks = (
+        f" ({answer.profile_parallel} on {answer.profile_world_size} ranks)"
+        if answer.profile_parallel != "none"
+        else " (one process)"
+        if answer.parallel != "none"
+        else ""
+    )
+    if answer.basis == "measured":
+        return f"measured by profile {answer.profile_id}{ranks}"
+    if len(answer.based_on_profiles) > 1:
+        error = f", fit within {answer.expected_error:.1%}" if answer.expected_error else ""
+        profiles = ", ".join(map(str, answer.based_on_profiles))
+        return f"estimated across world sizes from profiles {profiles}{error}"
+    if answer.profile_device_key != answer.device_key:
+        return (
+            f"estimated from profile {answer.profile_id}{ranks} on device "
+            f"{answer.profile_device_key}"
+        )
+    return f"estimated from profile {answer.profile_id}{ranks}"
 
 
 def _age(seconds: float) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
-from tuner.cli.commands._args import EXIT_OK, memory
+from tuner.cli.commands._args import EXIT_OK, memory, positive_int
 from tuner.core.errors import BadInputError
 
 
@@ -54,6 +54,13 @@ def add_parser(commands: Any) -> None:
     )
     worker.add_argument("--name", default=None, help="shown in the service (default: host name)")
     worker.add_argument(
+        "--ranks",
+        type=positive_int,
+        default=None,
+        help="largest world size a job may profile on (TUNER_RANKS; default: the GPUs on "
+        "cuda, the CPU cores on cpu); jobs that need more stay queued for another worker",
+    )
+    worker.add_argument(
         "--poll-interval",
         type=seconds,
         default=None,
@@ -95,6 +102,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         memory_limit_bytes=memory_limit,
         poll_interval=args.poll_interval or settings.poll_interval,
         job_timeout=args.job_timeout or settings.job_timeout,
+        ranks=args.ranks or settings.ranks,
         log=log,
     )
 

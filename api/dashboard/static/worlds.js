@@ -1,0 +1,72 @@
+/* microbatch-tuner dashboard: M* against world size on the workload page.
+
+   The server computes the points and the estimate line (api/dashboard/worlds.py, with the
+   fit the recommendation endpoint uses) and puts them in data-chart-data; this draws them.
+   Each chart's uPlot instance is kept in window.tunerCharts["worlds-<device id>"], so tests
+   can read exactly what was drawn. */
+(function () {
+  "use strict";
+
+  const COLOURS = { none: "--chart-footprint", ddp: "--chart-allocated", fsdp: "--chart-reserved" };
+
+  function cssVar(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+
+  function style(series) {
+    const colour = cssVar(COLOURS[series.mode] || "--chart-fit");
+    if (series.key.endsWith("-estimated")) {
+      return { stroke: colour, width: 1.5, dash: [6, 4], points: { show: false }, spanGaps: true };
+    }
+    return { stroke: colour, width: 0, paths: () => null, points: { show: true, size: 10, width: 2, stroke: colour, fill: colour } };
+  }
+
+  function draw(el) {
+    const data = JSON.parse(el.dataset.chartData);
+    const grid = cssVar("--chart-grid");
+    const axis = (label, extra) =>
+      Object.assign({ label, stroke: cssVar("--chart-axis"), grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 } }, extra || {});
+    const size = () => {
+      const width = Math.max(280, el.clientWidth);
+      return { width, height: width < 560 ? 200 : 260 };
+    };
+    const config = Object.assign(size(), {
+      scales: { x: { time: false, range: (_u, min, max) => [min - 0.5, max + 0.5] }, y: { range: (_u, _min, max) => [0, (max || 1) * 1.1] } },
+      axes: [axis("world size W", { incrs: [1, 2, 4, 8, 16, 32, 64] }), axis("M*", { values: (_u, ticks) => ticks.map((t) => (Number.isInteger(t) ? String(t) : "")) })],
+      series: [{ label: "W" }].concat(data.series.map((s) => Object.assign({ label: s.label }, style(s)))),
+      legend: { live: true },
+    });
+    el.replaceChildren();
+    const u = new uPlot(config, [data.xs].concat(data.series.map((s) => s.values)), el);
+    el.dataset.series = JSON.stringify(data.series.map((s) => s.key));
+    el.dataset.drawn = "true";
+    window.tunerCharts["worlds-" + el.dataset.worldsChart] = u;
+    // The chart follows its container's width (a phone turned, a window resized).
+    if (typeof ResizeObserver === "function") {
+      let last = config.width;
+      new ResizeObserver(() => {
+        const next = size();
+        if (Math.abs(next.width - last) > 2) {
+          last = next.width;
+          u.setSize(next);
+        }
+      }).observe(el);
+    }
+  }
+
+  function start() {
+    window.tunerCharts = window.tunerCharts || {};
+    for (const el of document.querySelectorAll("[data-worlds-chart]")) {
+      try {
+        if (typeof uPlot !== "function") throw new Error("the chart library did not load");
+        draw(el);
+      } catch (err) {
+        el.dataset.error = "true";
+        el.replaceChildren(Object.assign(document.createElement("p"), { className: "chart-status error", textContent: "Cannot draw this chart: " + err.message }));
+      }
+    }
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();
