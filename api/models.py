@@ -149,6 +149,10 @@ class Profile(Base):
     parallel: Mapped[dict[str, Any]] = mapped_column(
         default=lambda: {"mode": "none"}, server_default='{"mode": "none"}'
     )
+    # The workload options this profile measured when it is one variant of an exploration,
+    # and the key the exploration's profiles share (``tuner profile --explore``).
+    variant: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
+    variant_group: Mapped[str | None] = mapped_column(String(64), index=True)
 
     workload: Mapped[Workload] = relationship(lazy="joined", innerjoin=True)
     device: Mapped[Device] = relationship(lazy="joined", innerjoin=True)

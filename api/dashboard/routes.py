@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.dashboard import queries
 from api.dashboard.blocks import block_bars
+from api.dashboard.variants import variant_rows
 from api.dashboard.web import (
     STATIC,
     cookie_would_be_dropped,
@@ -159,6 +160,7 @@ def profile_page(
     """One profile: memory and throughput charts, the breakdown at M*, the calculator."""
     with db.session() as session:
         detail = queries.profile_detail(session, profile_id)
+        variants = variant_rows(session, profile_id) if detail.profile.variant_group else []
     profile, probe = detail.profile, detail.at_max
     breakdown = []
     if probe is not None and probe.breakdown is not None:
@@ -187,6 +189,7 @@ def profile_page(
         blocks_probe=located,
         peak_phase=located_parts.peak_phase if located_parts else None,
         outside_blocks=OUTSIDE_BLOCKS,
+        variants=variants,
         now=_now(),
     )
 

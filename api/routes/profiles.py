@@ -9,7 +9,9 @@ from fastapi import APIRouter, Path, Query, Response, status
 from api.deps import DatabaseDep, ReadAccess, UploadAccess
 from api.schemas.common import INT32_MAX
 from api.schemas.profiles import ProfileCreate, ProfilePublic, ProfileQuery, ProfilesPublic
+from api.schemas.variants import VariantsPublic
 from api.store import profiles as store
+from api.store.variants import variants_of
 
 router = APIRouter(prefix="/profiles", tags=["profiles"])
 
@@ -45,3 +47,10 @@ def get_profile(profile_id: ProfileId, db: DatabaseDep, _: ReadAccess) -> Profil
     """One profile with its probes."""
     with db.session() as session:
         return store.to_public(store.get_profile(session, profile_id))
+
+
+@router.get("/{profile_id}/variants")
+def get_variants(profile_id: ProfileId, db: DatabaseDep, _: ReadAccess) -> VariantsPublic:
+    """The variants explored with this profile (``tuner profile --explore``), compared."""
+    with db.session() as session:
+        return variants_of(session, store.get_profile(session, profile_id))

@@ -14,6 +14,7 @@ from playwright.sync_api import Page
 from api.dashboard.format import fmt_bytes
 from api.db import Database
 from tests.api.documents import MiB, sample_profile
+from tests.api.test_variants import explored
 from tests.dashboard.conftest import Tab, signed_in
 from tests.dashboard.data import T0, cuda_profile, nothing_fits_profile, store
 from tests.services import ServerThread
@@ -176,6 +177,38 @@ def test_the_blocks_at_max_draw_one_bar_each_in_proportion(
     # A profile measured without locating has no such panel.
     page = signed_in(tab, reader).open(f"/profiles/{plain}")
     assert page.locator("#blocks").count() == 0
+    assert page.locator("#variants").count() == 0  # nor one of variants, never explored
+
+
+def test_explored_variants_are_compared_and_linked(
+    tab: Tab, database: Database, reader: str
+) -> None:
+    profiles = explored()
+    ids = store(database, profiles)
+    page = signed_in(tab, reader).open(f"/profiles/{ids[1]}")
+    rows = page.locator("#variants tbody tr").evaluate_all(
+        """rows => rows.map(r => [Number(r.dataset.profileId), r.cells[0].innerText.trim(),
+                                 r.cells[1].innerText.trim(), r.className,
+                                 r.querySelector('rect.fill').getBoundingClientRect().width /
+                                 r.querySelector('rect.track').getBoundingClientRect().width])"""
+    )
+    assert [row[0] for row in rows] == ids
+    assert rows[0][1] == "checkpointing=false precision=fp32"
+    assert rows[1][1] == "checkpointing=true precision=fp32 this profile"
+    assert [row[2] for row in rows] == [str(p.max_micro_batch_size) for p in profiles]
+    assert [row[3] for row in rows] == ["", "is-current", ""]
+    speeds = []
+    for profile in profiles:
+        at_max = profile.probe_at(profile.max_micro_batch_size)
+        assert at_max is not None
+        speeds.append(at_max.samples_per_second or 0.0)
+    assert [row[4] for row in rows] == pytest.approx([v / max(speeds) for v in speeds], abs=0.01)
+    fastest = page.locator("#variants tr:has(.badge.tone-ok)").get_attribute("data-profile-id")
+    assert fastest == str(ids[speeds.index(max(speeds))])
+    tab.screenshot("profile-variants")
+    page.click(f"#variants tr[data-profile-id='{ids[2]}'] a")
+    page.wait_for_url(f"**/profiles/{ids[2]}")
+    assert page.locator("#variants tr.is-current").get_attribute("data-profile-id") == str(ids[2])
 
 
 def recommendation(service: ServerThread, token: str, **params: Any) -> httpx.Response:

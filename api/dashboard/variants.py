@@ -1,0 +1,43 @@
+"""The profile page's comparison of explored variants (``tuner profile --explore``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from api.schemas.variants import VariantPublic
+from api.store.profiles import get_profile
+from api.store.variants import variants_of
+
+
+@dataclass(frozen=True)
+class VariantRow:
+    variant: VariantPublic
+    label: str
+    speed_width: float  # percent of the fastest variant's samples per second
+    fastest: bool
+
+
+def variant_rows(session: Session, profile_id: int) -> list[VariantRow]:
+    """The variants explored with this profile, fastest marked; empty when not explored."""
+    found = variants_of(session, get_profile(session, profile_id))
+    if found.variant_group is None:
+        return []
+    top = max((v.samples_per_second or 0.0 for v in found.data), default=0.0)
+    return [
+        VariantRow(
+            variant=v,
+            label=" ".join(f"{k}={_text(value)}" for k, value in v.variant.items()) or "as loaded",
+            speed_width=round(100 * (v.samples_per_second or 0.0) / top, 2) if top > 0 else 0.0,
+            fastest=top > 0 and v.samples_per_second == top,
+        )
+        for v in found.data
+    ]
+
+
+def _text(value: object) -> str:
+    """As ``-o name=value`` takes it: true, false, null, numbers and bare strings."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)

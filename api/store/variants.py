@@ -1,0 +1,55 @@
+"""Variants of one exploration (``tuner profile --explore``): the profiles that share a
+``variant_group``, each measured with other workload options, compared side by side."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api import models
+from api.schemas.variants import VariantPublic, VariantsPublic
+from tuner.core import results
+
+
+def variant_columns(profile: results.Profile) -> dict[str, Any]:
+    """The profile's variant, as its row stores it."""
+    return {"variant": dict(profile.variant), "variant_group": profile.variant_group}
+
+
+def variant_fields(row: models.Profile) -> dict[str, Any]:
+    """The row's variant, as the profile schema reads it."""
+    return {"variant": dict(row.variant or {}), "variant_group": row.variant_group}
+
+
+def variants_of(session: Session, row: models.Profile) -> VariantsPublic:
+    """Every profile of ``row``'s exploration, oldest first (the variant as loaded leads);
+    only ``row`` itself when it was not explored."""
+    rows = [row]
+    if row.variant_group is not None:
+        rows = list(
+            session.scalars(
+                select(models.Profile)
+                .where(models.Profile.variant_group == row.variant_group)
+                .order_by(models.Profile.created_at, models.Profile.id)
+            )
+        )
+    data = [_public(member) for member in rows]
+    return VariantsPublic(variant_group=row.variant_group, data=data, count=len(data))
+
+
+def _public(row: models.Profile) -> VariantPublic:
+    """One variant: its options, M*, and the peak and speed measured at M*."""
+    at_max = [p for p in row.probes if p.micro_batch_size == row.max_micro_batch_size and p.fits]
+    probe = at_max[-1] if at_max else None
+    return VariantPublic(
+        profile_id=row.id,
+        workload_key=row.workload.key,
+        workload_name=row.workload.name,
+        variant=dict(row.variant or {}),
+        max_micro_batch_size=row.max_micro_batch_size,
+        peak_bytes=probe.peak_reserved_bytes if probe is not None else None,
+        samples_per_second=probe.samples_per_second if probe is not None else None,
+        created_at=row.created_at,
+    )

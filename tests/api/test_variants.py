@@ -1,0 +1,124 @@
+"""Explored variants in the store and the service: profiles linked by ``variant_group``
+round-trip, ``GET /api/v1/profiles/{id}/variants`` compares them, and revision 0005 adds
+and removes the link without touching the profiles (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+from sqlalchemy import text
+
+from api import migrate
+from api.db import create_db_engine
+from tests.api.documents import sample_profile
+from tests.api.test_migration_parallel import (
+    _as_json,
+    _profile_with_a_probe,
+    _rows_before_0004,
+    _select,
+)
+from tuner.core.results import Profile
+
+GROUP = "a1b2c3d4e5f6a1b2c3d4e5f6"
+WHEN = datetime(2026, 11, 20, tzinfo=UTC)
+
+
+def explored() -> list[Profile]:
+    """Three variants of one exploration, each its own workload, as the CLI uploads them."""
+    options = [
+        ({"checkpointing": False, "precision": "fp32"}, 4),
+        ({"checkpointing": True, "precision": "fp32"}, 9),
+        ({"checkpointing": False, "precision": "bf16"}, 6),
+    ]
+    return [
+        sample_profile(
+            max_micro_batch_size=found,
+            workload_key=f"w{index}".ljust(24, "x"),
+            created_at=WHEN + timedelta(seconds=index),
+        ).model_copy(update={"variant": variant, "variant_group": GROUP})
+        for index, (variant, found) in enumerate(options)
+    ]
+
+
+def upload(http: httpx.Client, profile: Profile) -> httpx.Response:
+    return http.post("/api/v1/profiles", json=profile.model_dump(mode="json"))
+
+
+def test_variants_are_stored_linked_and_compared(http: httpx.Client) -> None:
+    profiles = explored()
+    ids = []
+    for profile in profiles:
+        created = upload(http, profile)
+        assert created.status_code == 201, created.text
+        ids.append(created.json()["id"])
+    alone = upload(http, sample_profile(created_at=WHEN)).json()["id"]
+    # Sent again (a retry), a variant is recognised as stored, link and all.
+    assert upload(http, profiles[1]).status_code == 200
+
+    stored = http.get(f"/api/v1/profiles/{ids[1]}").json()
+    assert stored["variant"] == {"checkpointing": True, "precision": "fp32"}
+    assert stored["variant_group"] == GROUP
+
+    answer: dict[str, Any] = http.get(f"/api/v1/profiles/{ids[2]}/variants").json()
+    assert answer["variant_group"] == GROUP
+    assert answer["count"] == 3
+    rows = answer["data"]
+    assert [row["profile_id"] for row in rows] == ids
+    assert [row["variant"] for row in rows] == [p.variant for p in profiles]
+    assert [row["max_micro_batch_size"] for row in rows] == [4, 9, 6]
+    for row, profile in zip(rows, profiles, strict=True):
+        at_max = profile.probe_at(profile.max_micro_batch_size)
+        assert at_max is not None
+        assert row["peak_bytes"] == at_max.peak_bytes
+        assert row["samples_per_second"] == at_max.samples_per_second
+
+    single = http.get(f"/api/v1/profiles/{alone}/variants").json()
+    assert (single["variant_group"], single["count"]) == (None, 1)
+    assert single["data"][0]["variant"] == {}
+    missing = http.get("/api/v1/profiles/999999/variants")
+    assert missing.status_code == 404
+
+
+def test_an_unstorable_variant_is_refused_in_one_line(http: httpx.Client) -> None:
+    bad = sample_profile(created_at=WHEN).model_dump(mode="json")
+    bad["variant_group"] = "not a key!"
+    refused = http.post("/api/v1/profiles", json=bad)
+    assert refused.status_code == 422
+    assert "variant_group" in refused.text
+
+
+def test_revision_0005_adds_the_link_and_going_back_keeps_the_profiles(
+    database_url: str,
+) -> None:
+    migrate.upgrade(database_url, "0003")
+    _rows_before_0004(database_url)
+    migrate.upgrade(database_url, "0005")
+    [(variant, group)] = _select(database_url, "SELECT variant, variant_group FROM profiles")
+    assert _as_json(variant) == {}
+    assert group is None
+
+    engine = create_db_engine(database_url)
+    with engine.begin() as connection:
+        _profile_with_a_probe(
+            connection,
+            2,
+            created_at=datetime(2026, 11, 2, tzinfo=UTC),
+            max_micro_batch_size=6,
+            profile={"variant": '{"precision": "bf16"}', "variant_group": GROUP},
+        )
+        [(found,)] = connection.execute(
+            text("SELECT id FROM profiles WHERE variant_group = :group"), {"group": GROUP}
+        )
+        assert found == 2
+    engine.dispose()
+
+    migrate.downgrade(database_url, "0004")
+    assert migrate.current_revision(database_url) == "0004"
+    assert _select(database_url, "SELECT id FROM profiles ORDER BY id") == [(1,), (2,)]
+    migrate.upgrade(database_url)
+    assert _select(database_url, "SELECT id, variant_group FROM profiles ORDER BY id") == [
+        (1, None),
+        (2, None),
+    ]
