@@ -4,6 +4,8 @@ and removes the link without touching the profiles (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,6 +21,8 @@ from tests.api.test_migration_parallel import (
     _rows_before_0004,
     _select,
 )
+from tests.helpers import REPO_ROOT, subprocess_env, tuner_executable
+from tests.services import ServerThread
 from tuner.core.results import Profile
 
 GROUP = "a1b2c3d4e5f6a1b2c3d4e5f6"
@@ -121,4 +125,25 @@ def test_revision_0005_adds_the_link_and_going_back_keeps_the_profiles(
     assert _select(database_url, "SELECT id, variant_group FROM profiles ORDER BY id") == [
         (1, None),
         (2, None),
+    ]
+
+
+def test_profile_explore_upload_stores_every_variant_linked(
+    http: httpx.Client, service: ServerThread, admin_token: str
+) -> None:
+    env = {**subprocess_env(), "TUNER_URL": service.url, "TUNER_TOKEN": admin_token}
+    done = subprocess.run(
+        [str(tuner_executable()), "profile", "tests.variant_workloads:stack", "--device", "cpu",
+         "--memory-limit", "1000000", "--global-batch-size", "16", "--explore", "--json",
+         "--upload"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    answer = http.get(f"/api/v1/profiles/{printed['profile_id']}/variants").json()
+    assert answer["count"] == 4
+    assert answer["variant_group"] == printed["variant_group"]
+    assert [row["variant"] for row in answer["data"]] == [v["variant"] for v in printed["variants"]]
+    assert [row["max_micro_batch_size"] for row in answer["data"]] == [
+        v["max_micro_batch_size"] for v in printed["variants"]
     ]
