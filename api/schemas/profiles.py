@@ -24,6 +24,7 @@ from api.schemas.common import (
     Reference,
     Text32,
     Text100,
+    Text200,
     Timestamp,
 )
 from api.schemas.devices import DeviceInfoCreate
@@ -31,6 +32,8 @@ from api.schemas.workloads import WorkloadInfoCreate
 from tuner.core import results
 
 SignedInt64 = Annotated[int, Field(ge=-INT64_MAX, le=INT64_MAX)]
+# A workload option's value in a variant, as `-o name=value` gives it.
+VariantValueCreate = Text200 | SignedInt64 | FiniteFloat | bool | None
 
 
 class MemoryBreakdownCreate(results.MemoryBreakdown):
@@ -41,6 +44,7 @@ class MemoryBreakdownCreate(results.MemoryBreakdown):
     activations_bytes: SignedInt64
     allocator_cache_bytes: Int64 = 0
     communication_bytes: Int64 = 0
+    activations_by_block_bytes: dict[Text200, Int64] = Field(default_factory=dict, max_length=4096)
 
 
 class ProbeCreate(results.ProbeResult):
@@ -76,6 +80,9 @@ class ProbeSettingsCreate(results.ProbeSettings):
 
 class ProfileCreate(results.Profile):
     """A profile as the engine writes it; stored whole with its probes, or not at all."""
+
+    variant: dict[Text100, VariantValueCreate] = Field(default_factory=dict, max_length=32)
+    variant_group: Key | None = None
 
     workload_key: Key
     device_key: Key

@@ -23,6 +23,7 @@ from api.schemas.profiles import ProfilePublic, ProfileQuery, ProfileSummary
 from api.schemas.workloads import WorkloadCreate
 from api.store.generation import mark_changed
 from api.store.paging import keyset_page
+from api.store.variants import variant_columns, variant_fields
 from tuner.core import results
 from tuner.core.errors import BadInputError, ConflictError, NotFoundError
 from tuner.core.parallel import Parallel
@@ -310,6 +311,7 @@ def _profile_row(
             if profile.oversize_probe
             else None
         ),
+        **variant_columns(profile),
         wall_time_s=profile.wall_time_s,
         world_size=profile.world_size,
         parallel_mode=profile.parallel.mode,
@@ -424,6 +426,7 @@ def to_result(row: models.Profile) -> results.Profile:
         if row.oversize_probe
         else None,
         fit=fit,
+        **variant_fields(row),
         settings=results.ProbeSettings.model_validate(row.settings),
         world_size=row.world_size,
         parallel=Parallel.model_validate(row.parallel),
