@@ -290,9 +290,10 @@ def _mode(stored: str) -> ParallelMode:
 
 def _choose_workload(rows: list[_Workload], reference: str, mode: str | None) -> _Workload:
     """By key; else the one workload so named, or, when a name is shared by workloads of
-    several modes, the one of the run's mode (else its one-process workload)."""
-    if mode is not None and len(rows) > 1 and all(row.key != reference for row in rows):
-        for wanted in (mode, "none"):
+    several modes, the one of the run's mode (else its one-process workload; the
+    one-process one when no mode is asked)."""
+    if len(rows) > 1 and all(row.key != reference for row in rows):
+        for wanted in dict.fromkeys((mode or "none", "none")):
             of_mode = [row for row in rows if row.parallel_mode == wanted]
             if len(of_mode) == 1:
                 return of_mode[0]

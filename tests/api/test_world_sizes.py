@@ -211,3 +211,39 @@ def test_a_ddp_run_with_only_a_one_process_profile_is_told_so(
     assert done.returncode == 0, done.stderr
     assert "(one process)" in done.stdout
     assert "caution: this workload was only measured in one process" in done.stdout
+
+
+def test_a_name_shared_by_variants_answers_each_mode_and_each_world_size(
+    http: httpx.Client,
+) -> None:
+    """Hand-written documents (SQLite and PostgreSQL): a one-process profile (M* 8) and
+    a DDP variant of the same model at two ranks (M* 6), under one name."""
+    from tests.api.builders import error_of, upload
+    from tests.api.documents import sample_profile
+
+    one = upload(http, sample_profile(max_micro_batch_size=8))
+    ddp = sample_profile(max_micro_batch_size=6, workload_key="p" * 24).model_copy(
+        update={"world_size": 2, "parallel": Parallel(mode="ddp")}
+    )
+    two = upload(http, ddp)
+
+    def ask(**params: object) -> httpx.Response:
+        query = {"workload": "gpt-test", "device": "cpu-test", "global_batch_size": 24}
+        return http.get("/api/v1/recommendation", params={**query, **params})
+
+    alone = ask().json()  # no mode asked: the name's one-process workload
+    assert (alone["profile_id"], alone["parallel"], alone["caveat"]) == (one["id"], "none", None)
+    measured = ask(world_size=2, parallel="ddp").json()
+    assert (measured["profile_id"], measured["basis"]) == (two["id"], "measured")
+    assert measured["max_micro_batch_size"] == 6
+    # One smaller world size measured: its M* is kept, estimated, and said so.
+    wider = ask(world_size=4, parallel="ddp").json()
+    assert (wider["basis"], wider["max_micro_batch_size"]) == ("estimated", 6)
+    assert wider["based_on_profiles"] == [two["id"]]
+    assert "measured at world size 2 only" in wider["caveat"]
+    # A larger one is no ceiling for fewer ranks: the answer says to measure.
+    fewer = error_of(ask(world_size=1, parallel="ddp"), 404)
+    assert "at world size 2 only" in fewer["message"]
+    # The DDP workload by key, asked as another mode, is refused with what to ask.
+    wrong = error_of(ask(workload="p" * 24, world_size=2, parallel="fsdp"), 422)
+    assert "ask with parallel=ddp" in wrong["message"]
