@@ -81,3 +81,24 @@ def sample_profile(
         wall_time_s=1.5,
         created_at=created_at or datetime(2026, 11, 1, tzinfo=UTC) + timedelta(minutes=found),
     )
+
+
+def profile_with_peaks(
+    max_micro_batch_size: int, peaks: dict[int, int], budget: int, **update: object
+) -> Profile:
+    """A sample profile whose probes ran at the sizes of ``peaks`` with those peaks (every
+    phase at the same peak), measured against ``budget``."""
+    base = sample_profile(max_micro_batch_size=max_micro_batch_size)
+    probes = [
+        base.probes[0].model_copy(
+            update={
+                "micro_batch_size": m,
+                "fits": value <= budget,
+                "peak_allocated_bytes": value,
+                "peak_reserved_bytes": value,
+                "phase_peaks_bytes": {"accumulate": value},
+            }
+        )
+        for m, value in sorted(peaks.items())
+    ]
+    return base.model_copy(update={"probes": probes, "budget_bytes": budget, **update})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.documents import MiB, sample_profile
+from tests.api.documents import MiB, profile_with_peaks
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import Parallel
 from tuner.core.results import Profile
@@ -26,28 +26,11 @@ def true_max(world_size: int) -> int:
 def measured(world_size: int, noise: float = 0.0) -> Profile:
     """A profile as a search at ``world_size`` leaves it: sizes around the true M*."""
     best = true_max(world_size)
-    base = sample_profile(max_micro_batch_size=best)
-    probes = []
-    for i, m in enumerate(sorted({1, best // 2, best, best + 1})):
-        value = peak(m, world_size, noise if i % 2 else -noise)
-        probes.append(
-            base.probes[0].model_copy(
-                update={
-                    "micro_batch_size": m,
-                    "fits": value <= BUDGET,
-                    "peak_allocated_bytes": value,
-                    "peak_reserved_bytes": value,
-                    "phase_peaks_bytes": {"accumulate": value},
-                }
-            )
-        )
-    return base.model_copy(
-        update={
-            "probes": probes,
-            "world_size": world_size,
-            "parallel": Parallel(mode="fsdp"),
-            "budget_bytes": BUDGET,
-        }
+    sizes = sorted({1, best // 2, best, best + 1})
+    # Alternate signs of the noise, so that the fit cannot absorb it into one term.
+    peaks = {m: peak(m, world_size, noise if i % 2 else -noise) for i, m in enumerate(sizes)}
+    return profile_with_peaks(
+        best, peaks, BUDGET, world_size=world_size, parallel=Parallel(mode="fsdp")
     )
 
 

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 
 from tuner.core.errors import BadInputError
+from tuner.core.least_squares import fit_linear, relative_weights
 from tuner.core.plan import Basis
 from tuner.core.results import Profile
 
@@ -104,7 +105,7 @@ def fit_world_sizes(profiles: Sequence[Profile]) -> WorldFit:
         for probe in profile.probes
         if probe.footprint_bytes is not None
         and probe.peak_allocated_bytes is not None
-        and _near_boundary(probe.micro_batch_size, profile.max_micro_batch_size)
+        and near_boundary(probe.micro_batch_size, profile.max_micro_batch_size)
     ]
     if len({probe.micro_batch_size for probe, _ in measured}) < 2:
         raise BadInputError("the profiles measured fewer than two micro batch sizes: profile more")
@@ -132,24 +133,16 @@ def fit_world_sizes(profiles: Sequence[Profile]) -> WorldFit:
     return fit.model_copy(update={"max_relative_error": worst})
 
 
-def _near_boundary(size: int, max_micro_batch_size: int) -> bool:
+def near_boundary(size: int, max_micro_batch_size: int) -> bool:
+    """Within a factor of two of ``M*``: the probes a fit should answer near the boundary from."""
     return max_micro_batch_size / 2 <= size <= 2 * max_micro_batch_size + 2
 
 
 def _fit_phase(points: list[tuple[int, int, int]]) -> PhaseFit:
-    """Least squares of relative errors (each row weighted by 1/peak): a probe far past the
-    budget must not outweigh the ones near the boundary, where the answer is."""
+    """Least squares of relative errors over ``(m, W, peak)`` points."""
     rows = [(1.0, float(m), 1.0 / w) for m, w, _ in points]
     peaks = [float(peak) for _, _, peak in points]
-    weights = [1.0 / (y * y) if y > 0 else 0.0 for y in peaks]
-    normal = [
-        [sum(w * r[i] * r[j] for r, w in zip(rows, weights, strict=True)) for j in range(3)]
-        for i in range(3)
-    ]
-    right = [
-        sum(w * r[i] * y for r, y, w in zip(rows, peaks, weights, strict=True)) for i in range(3)
-    ]
-    a, b, s = _solve(normal, right)
+    a, b, s = fit_linear(rows, peaks, relative_weights(peaks))
     return PhaseFit(fixed_bytes=a, per_sample_bytes=b, sharded_bytes=s)
 
 
@@ -214,21 +207,3 @@ def _check_comparable(profiles: Sequence[Profile]) -> None:
             )
         if profile.workload_key != first.workload_key:
             raise BadInputError("the profiles are of different workloads")
-
-
-def _solve(matrix: list[list[float]], right: list[float]) -> tuple[float, float, float]:
-    """Gaussian elimination with partial pivoting for the 3×3 normal equations (the core
-    stays free of numpy, which the service image does not carry)."""
-    n = 3
-    rows = [[*matrix[i], right[i]] for i in range(n)]
-    scale = max(abs(x) for row in matrix for x in row) or 1.0
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
-        if abs(rows[pivot][col]) <= 1e-12 * scale:
-            raise BadInputError("the profiles cannot separate the terms of the fit")
-        rows[col], rows[pivot] = rows[pivot], rows[col]
-        for r in range(n):
-            if r != col:
-                factor = rows[r][col] / rows[col][col]
-                rows[r] = [x - factor * y for x, y in zip(rows[r], rows[col], strict=True)]
-    return (rows[0][3] / rows[0][0], rows[1][3] / rows[1][1], rows[2][3] / rows[2][2])
