@@ -6,19 +6,25 @@
 2. Memory limits are chosen so that ``M*`` takes target values from 1 to over 1000.
    For each, every strategy and baseline runs for real against that limit: probes,
    training steps, wall time, and the size found against the truth.
-3. ``model`` and ``bisect`` are replayed on the recorded curves for every budget
-   between two consecutive sizes, to show that ``model`` is exact every time.
+3. ``model``, ``model-previous`` (the model search under its previous rules) and
+   ``bisect`` are replayed on the recorded curves for every budget between two
+   consecutive sizes, to show that ``model`` is exact every time, and how many probes
+   it takes, against its previous rules.
+
+Besides the examples, two workloads that only this benchmark uses (``bench/workloads.py``):
+a GRU sequence model and a small vision transformer.
 
 All strategies share one probe (2 warm-up steps, 1 measured step of 2 micro batches,
 1 timed step), so the differences come from the search policy alone.
 
-Run: ``python bench/search.py`` (about 10 minutes on 2 cores), or ``--quick`` for a
+Run: ``python bench/search.py`` (about 20 minutes on 2 cores), or ``--quick`` for a
 smoke run that writes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -34,7 +40,7 @@ from tuner.core.results import ProbeResult
 from tuner.engine.backends import CpuBackend
 from tuner.engine.probe import Prober
 from tuner.engine.search import STRATEGIES, SearchOutcome
-from tuner.engine.search.baselines import BASELINES
+from tuner.engine.search.baselines import BASELINES, model_previous
 from tuner.engine.workload import load_workload
 
 HEADROOM = 0.05
@@ -60,24 +66,42 @@ CASES = [
         1100,
         [60, 400, 1000],
     ),
+    Case("gru", "bench.workloads:gru", {}, 80, [2, 15, 60]),
+    Case("vit", "bench.workloads:vit", {}, 60, [2, 12, 45]),
 ]
 QUICK_CASES = [
     Case("gpt", "examples.gpt:workload", {"layers": 1}, 8, [1, 5]),
     Case("mlp", "examples.mlp:workload", {"in_features": 32, "hidden": 64, "layers": 2}, 40, [30]),
+    Case("gru", "bench.workloads:gru", {"seq_len": 4}, 8, [5]),
 ]
+# Searches told the budget: ours, under the current and the previous rules.
+AIMED: dict[str, Callable[..., SearchOutcome]] = {**STRATEGIES, "model-previous": model_previous}
 
 Search = Callable[..., SearchOutcome]
 
 
 def _searches() -> dict[str, Search]:
-    return {**STRATEGIES, **BASELINES}
+    return {**AIMED, **BASELINES}
 
 
-def scan_curve(case: Case) -> dict[int, ProbeResult]:
-    """Every size from 1 to ``scan_to``, measured whole (limit lifted)."""
+def scan_curve(case: Case, saved: Path | None = None) -> dict[int, ProbeResult]:
+    """Every size from 1 to ``scan_to``, measured whole (limit lifted). With ``saved``, a
+    directory, the curve is read from ``<label>.json`` there when it covers the sizes,
+    else measured and written there (a scan is most of the run's time)."""
+    path = None if saved is None else saved / f"{case.label}.json"
+    if path is not None and path.exists():
+        stored = {
+            int(m): ProbeResult.model_validate(r) for m, r in json.loads(path.read_text()).items()
+        }
+        if all(m in stored for m in range(1, case.scan_to + 1)):
+            return {m: stored[m] for m in range(1, case.scan_to + 1)}
     backend = CpuBackend(2**40)
     with Prober(load_workload(case.target, case.options), backend, headroom=HEADROOM) as prober:
-        return {m: prober(m, enforce_capacity=False) for m in range(1, case.scan_to + 1)}
+        curve = {m: prober(m, enforce_capacity=False) for m in range(1, case.scan_to + 1)}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({m: r.model_dump(mode="json") for m, r in curve.items()}))
+    return curve
 
 
 def footprint(result: ProbeResult) -> int:
@@ -100,7 +124,7 @@ def run_real(case: Case, limit: int, name: str, search: Search) -> tuple[SearchO
     started = time.perf_counter()
     with Prober(load_workload(case.target, case.options), backend, headroom=HEADROOM) as prober:
         kwargs: dict[str, object] = {"cap": SIZE_CAP}
-        if name in STRATEGIES:
+        if name in AIMED:
             kwargs["budget_bytes"] = prober.budget_bytes
         outcome = search(prober, **kwargs)
     return outcome, time.perf_counter() - started
@@ -131,7 +155,7 @@ def replay(curve: dict[int, ProbeResult], name: str) -> tuple[int, int, list[int
                 return ProbeResult(micro_batch_size=m, fits=False, oom=True)
             return measured.model_copy(update={"fits": footprint(measured) <= budget})
 
-        outcome = STRATEGIES[name](probe, cap=sizes[-1], budget_bytes=budget)
+        outcome = AIMED[name](probe, cap=sizes[-1], budget_bytes=budget)
         total += 1
         exact += outcome.max_micro_batch_size == truth(curve, budget)
         probes.append(len(outcome.probes))
@@ -142,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small smoke run; writes nothing")
     parser.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
+    parser.add_argument(
+        "--curves",
+        type=Path,
+        default=None,
+        help="directory to keep scanned curves in and reuse them from",
+    )
     args = parser.parse_args(argv)
     cases = QUICK_CASES if args.quick else CASES
     searches = _searches()
@@ -149,15 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[list[str]] = []
     per_strategy: dict[str, list[tuple[int, int, float, bool]]] = {name: [] for name in searches}
     replay_rows: list[list[str]] = []
+    per_workload: dict[tuple[str, str], list[int]] = {}
     for case in cases:
         started = time.perf_counter()
-        curve = scan_curve(case)
+        curve = scan_curve(case, args.curves)
         print(
             f"{case.label}: scanned sizes 1..{case.scan_to} in "
             f"{time.perf_counter() - started:.0f} s",
             flush=True,
         )
-        for name in ("model", "bisect"):
+        for name in ("model", "model-previous", "bisect"):
             exact, total, probes = replay(curve, name)
             replay_rows.append(
                 [
@@ -177,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                 steps = sum(p.steps_run for p in outcome.probes)
                 found = outcome.max_micro_batch_size
                 per_strategy[name].append((len(outcome.probes), steps, wall, found == true_size))
+                per_workload.setdefault((case.label, name), []).append(len(outcome.probes))
                 row = [
                     case.label,
                     str(true_size),
@@ -202,7 +234,12 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
     model_median = statistics.median(r[0] for r in per_strategy["model"])
+    previous_median = statistics.median(r[0] for r in per_strategy["model-previous"])
     bisect_median = statistics.median(r[0] for r in per_strategy["bisect"])
+    workload_rows = [
+        [label, name, f"{statistics.median(counts):g}", str(max(counts))]
+        for (label, name), counts in per_workload.items()
+    ]
     body = "\n\n".join(
         [
             "## Search: probes to find the largest micro batch (`bench/search.py`)",
@@ -215,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
                 ["strategy", "exact M*", "median probes", "median steps", "total wall s"], summary
             ),
             f"`model` used a median of {model_median:g} probes against {bisect_median:g} for "
-            f"`bisect` ({model_median / bisect_median:.0%}).",
+            f"`bisect` ({model_median / bisect_median:.0%}) and {previous_median:g} under its "
+            "previous rules (`model-previous`).",
+            "### Probes per workload and strategy over its limits",
+            markdown_table(["workload", "strategy", "median probes", "max probes"], workload_rows),
             "### Each limit (truth from probing every size)",
             markdown_table(
                 [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 
 from tests.curves import Curve, affine, affine_with_jump, flat_then_affine, steps, two_phases
 from tuner.core.errors import BadInputError
+from tuner.engine.backends import CpuBackend
+from tuner.engine.probe import Prober
 from tuner.engine.search import (
     STRATEGIES,
     SearchOutcome,
@@ -21,6 +24,8 @@ from tuner.engine.search import (
     model_search,
     run_search,
 )
+from tuner.engine.search.baselines import model_previous
+from tuner.engine.workload import load_workload
 
 MiB = 2**20
 SEARCHES = {"model": model_search, "bisect": bisect_search}
@@ -250,3 +255,47 @@ def test_strategy_with_phase_peaks_finds_the_binding_phase(
     outcome = run(strategy, curve, 4096)
     assert outcome.max_micro_batch_size == expected
     assert_exact(outcome, curve, 4096)
+
+
+def kinked(resident: int) -> Callable[[int], int]:
+    """The shape measured on small models: at size 1 the peak holds weight-sized
+    temporaries (16 KiB here) that larger sizes hide, so the curve is the larger of two
+    lines and the one through size 1 is flatter than the one that binds near ``M*``."""
+    return lambda m: resident + max(16_648 + 1_160 * m, 2_608 + 1_456 * m)
+
+
+@pytest.mark.parametrize("m_star", [400, 1000])
+def test_model_search_aims_past_size_one_with_the_resident_anchored_slope(m_star: int) -> None:
+    resident = 110_776
+    footprint = kinked(resident)
+    budget = (footprint(m_star) + footprint(m_star + 1)) // 2
+    curve = Curve(footprint, budget, capacity=int(budget / 0.95), resident=resident)
+    outcome = run("model", curve, 4096)
+    assert_exact(outcome, curve, 4096)
+    assert len(outcome.probes) <= 5, curve.calls
+    # The previous rules (the secant through size 1, open brackets judged by halving)
+    # took 6 and 7 probes here: 1, 32, 348, then a doubling to 696, ...
+    curve.calls.clear()
+    previous = model_previous(curve, cap=4096, budget_bytes=budget)
+    assert previous.max_micro_batch_size == m_star
+    assert len(previous.probes) > len(outcome.probes)
+
+
+def test_model_search_on_a_real_tiny_model_needs_few_probes() -> None:
+    """A real MLP on the CPU backend, limited so that ``M* = 400``: the previous rules
+    took 7 probes, the floor is 3 (size 1, M*, M* + 1)."""
+    workload = load_workload(
+        "examples.mlp:workload", {"in_features": 32, "hidden": 64, "layers": 2}
+    )
+    with Prober(workload, CpuBackend(2**40), headroom=0.05) as measure:
+        at, above = (measure(m, enforce_capacity=False).footprint_bytes for m in (400, 401))
+    assert at is not None
+    assert above is not None
+    assert at < above
+    limit = math.ceil((at + above) / 2 / 0.95)
+    with Prober(workload, CpuBackend(limit), headroom=0.05) as prober:
+        outcome = model_search(prober, cap=4096, budget_bytes=prober.budget_bytes)
+    sizes = [p.micro_batch_size for p in outcome.probes]
+    assert outcome.max_micro_batch_size == 400, sizes
+    assert {400, 401} <= set(sizes)
+    assert len(sizes) <= 5, sizes

@@ -1,6 +1,7 @@
-"""Other tools' searches, re-implemented from their documented behaviour, for comparison
-in ``bench/search.py`` only. Each returns the size that tool would settle on, which need
-not be ``M*``; a trial's cost (steps per trial) is the caller's probe settings.
+"""Other tools' searches, re-implemented from their documented behaviour, and our own
+``model`` search under its previous rules, for comparison in ``bench/search.py`` only.
+Each returns the size that search would settle on, which need not be ``M*``; a trial's
+cost (steps per trial) is the caller's probe settings.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tuner.engine.search.core import ProbeFn, SearchOutcome, SearchRecorder
+from tuner.engine.search.strategies import PREVIOUS_RULES, search_with_model
 
 
 def lightning_power(
@@ -71,6 +73,12 @@ def composer_halving(probe: ProbeFn, *, cap: int, batch_size: int | None = None)
     while size > 0 and not search.run(size).fits:
         size //= 2
     return SearchOutcome(size, search.probes)
+
+
+def model_previous(probe: ProbeFn, *, cap: int, budget_bytes: int) -> SearchOutcome:
+    """Our ``model`` search under its previous rules (the secant through size 1, open
+    brackets judged by halving), to measure what the current rules changed."""
+    return search_with_model(probe, cap=cap, budget_bytes=budget_bytes, rules=PREVIOUS_RULES)
 
 
 BASELINES: dict[str, Callable[..., SearchOutcome]] = {

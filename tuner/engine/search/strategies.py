@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tuner.core.errors import BadInputError
 from tuner.engine.search.core import ProbeFn, SearchOutcome, SearchRecorder
@@ -20,6 +21,23 @@ def bisect_search(probe: ProbeFn, *, cap: int, budget_bytes: int) -> SearchOutco
     return search.outcome()
 
 
+@dataclass(frozen=True)
+class ModelRules:
+    """The model search's choices that changed, kept switchable so that ``bench/search.py``
+    measures the current rules against the previous ones on the same curves."""
+
+    # Past probe 1, take the slope anchored at the resident bytes, ``(peak(lo) − R) / lo``,
+    # rather than the secant through size 1 (whose peak holds weight-sized temporaries
+    # that larger sizes hide: the secant through it is too flat and aims too high).
+    anchor_past_size_one: bool = True
+    # Before any size has failed, judge an aim by how far it moved ``lo`` (slow: less than
+    # doubled it) rather than by halving a bracket whose top is only the cap.
+    judge_open_aims_by_growth: bool = True
+
+
+PREVIOUS_RULES = ModelRules(anchor_past_size_one=False, judge_open_aims_by_growth=False)
+
+
 def model_search(probe: ProbeFn, *, cap: int, budget_bytes: int) -> SearchOutcome:
     """Aim at the predicted ``M*`` and confirm the boundary with probes.
 
@@ -29,27 +47,42 @@ def model_search(probe: ProbeFn, *, cap: int, budget_bytes: int) -> SearchOutcom
     (weight-sized temporaries: nearly flat). The peak is the larger of the two, so each is
     fitted on its own and ``M*`` is the smallest of their predictions.
 
-    The first aim comes from probe 1 alone: the forward/backward peak less the resident
-    weights, gradients and optimizer state is taken as the per-sample slope. That
-    over-states it (weight-sized temporaries count too), so the aim lands low and safe.
-    Later aims take, per phase, the secant through the measured peaks nearest the
-    boundary. Aims stay strictly inside the bracket, so every probe narrows it. A
-    bisection step replaces the aim when no slope is known, when a failed probe
-    contradicts the prediction, or when aims have twice running failed to halve the
-    bracket (doubling while no size has failed yet). The search ends when ``M*`` fits and
+    Each aim is ``lo + (limit − peak(lo)) / slope`` per phase. The slope from one size is
+    anchored at the resident weights, gradients and optimizer state ``R``:
+    ``slope = (peak(lo) − R) / lo``. At ``lo = 1`` that over-states it (weight-sized
+    temporaries count too), so the first aim lands low and safe; at the larger ``lo`` it
+    lands on, activations dominate and the anchored slope is within a few percent, where
+    the secant through size 1 is too flat (size 1's peak holds those temporaries, which
+    larger sizes hide). Once two sizes past 1 have run, aims take, per phase, the secant
+    through the measured peaks nearest the boundary. Aims stay strictly inside the
+    bracket, so every probe narrows it. A bisection step replaces the aim when no slope is
+    known, when a failed probe contradicts the prediction, or when aims have twice
+    running been slow: failed to halve the bracket, or, while no size has failed yet,
+    failed to double ``lo`` (then it doubles). The search ends when ``M*`` fits and
     ``M* + 1`` does not.
     """
+    return search_with_model(probe, cap=cap, budget_bytes=budget_bytes, rules=ModelRules())
+
+
+def search_with_model(
+    probe: ProbeFn, *, cap: int, budget_bytes: int, rules: ModelRules
+) -> SearchOutcome:
+    """:func:`model_search` under ``rules``."""
     search = SearchRecorder(probe, cap)
     if not search.run(1).fits or cap == 1:
         return search.outcome()
     slow_aims = 0
     while not search.settled:
-        width = search.hi - search.lo
-        aim = _aim(search, budget_bytes)
+        lo, width, was_open = search.lo, search.hi - search.lo, search.hi > search.cap
+        aim = _aim(search, budget_bytes, rules)
         if aim is None or slow_aims >= 2:
             aim, slow_aims = _fallback(search), 0
         search.run(aim)
-        slow_aims = slow_aims + 1 if 2 * (search.hi - search.lo) > width else 0
+        if rules.judge_open_aims_by_growth and was_open and search.hi > search.cap:
+            slow = search.lo < 2 * lo
+        else:
+            slow = 2 * (search.hi - search.lo) > width
+        slow_aims = slow_aims + 1 if slow else 0
     return search.outcome()
 
 
@@ -67,7 +100,7 @@ def _fallback(search: SearchRecorder) -> int:
 _FLAT_UNTIL_MEASURED = {"optimizer"}
 
 
-def _aim(search: SearchRecorder, budget_bytes: int) -> int | None:
+def _aim(search: SearchRecorder, budget_bytes: int, rules: ModelRules) -> int | None:
     """The predicted boundary clamped into ``(lo, hi)``; ``None`` when the model cannot aim."""
     lo, hi = search.lo, search.hi
     anchor = search.by_size[lo]
@@ -83,7 +116,7 @@ def _aim(search: SearchRecorder, budget_bytes: int) -> int | None:
     for phase, points in _curves(search).items():
         if lo not in points:
             return None
-        slope = _slope(search, phase, points, lo, hi)
+        slope = _slope(search, phase, points, lo, hi, rules)
         if slope is None:
             if phase in _FLAT_UNTIL_MEASURED:
                 continue
@@ -109,21 +142,32 @@ def _curves(search: SearchRecorder) -> dict[str, dict[int, int]]:
 
 
 def _slope(
-    search: SearchRecorder, phase: str, points: dict[int, int], lo: int, hi: int
+    search: SearchRecorder,
+    phase: str,
+    points: dict[int, int],
+    lo: int,
+    hi: int,
+    rules: ModelRules,
 ) -> float | None:
     anchor = points[lo]
     if hi in points:  # a failure with a known peak: interpolate across the bracket
         return (points[hi] - anchor) / (hi - lo)
     below = [size for size in points if size < lo]
-    if below:  # the secant through the nearest smaller probe: the most local slope
-        other = max(below)
+    anchored = _anchored_slope(search, phase, anchor, lo)
+    if below and (max(below) > 1 or anchored is None or not rules.anchor_past_size_one):
+        other = max(below)  # the secant through the nearest smaller probe: the most local
         return (anchor - points[other]) / (lo - other)
+    return anchored
+
+
+def _anchored_slope(search: SearchRecorder, phase: str, peak: int, size: int) -> float | None:
+    """``(peak − resident) / size``: every byte above the resident parts counted per sample."""
     if phase in _FLAT_UNTIL_MEASURED:
         return None
-    breakdown = search.by_size[lo].breakdown
+    breakdown = search.by_size[size].breakdown
     if breakdown is None:
         return None
-    return max(anchor - breakdown.resident_bytes, 1) / lo
+    return max(peak - breakdown.resident_bytes, 1) / size
 
 
 Strategy = Callable[..., SearchOutcome]
