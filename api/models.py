@@ -259,6 +259,10 @@ class OomReport(Base):
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
     micro_batch_size: Mapped[int] = mapped_column(Integer)
+    # The size the run went on with: answers stay at or below it.
+    settled_micro_batch_size: Mapped[int | None] = mapped_column(Integer)
+    # Chosen by the reporter for one event: a retry or another rank's copy counts once.
+    idempotency_key: Mapped[str | None] = mapped_column(String(64), unique=True)
     message: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

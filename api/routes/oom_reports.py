@@ -6,7 +6,7 @@ from fastapi import APIRouter, status
 
 from api.deps import DatabaseDep, WriteAccess
 from api.schemas.oom_reports import OomReportCreate, OomReportPublic
-from api.store import recommendation as store
+from api.store import oom_reports as store
 
 router = APIRouter(prefix="/oom-reports", tags=["oom-reports"])
 

@@ -3,17 +3,42 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StringConstraints, model_validator
 
 from api.schemas.common import LongText, PositiveInt32, Reference, RequestModel
+
+IdempotencyKey = Annotated[
+    str, StringConstraints(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+]
 
 
 class OomReportCreate(RequestModel):
     workload: Reference = Field(description="workload key or name")
     device: Reference = Field(description="device key or name")
     micro_batch_size: PositiveInt32 = Field(description="the micro batch that ran out of memory")
+    settled_micro_batch_size: PositiveInt32 | None = Field(
+        default=None,
+        description="the smaller micro batch the run went on with; answers stay at or "
+        "below it (without it, one below the failed size)",
+    )
+    idempotency_key: IdempotencyKey | None = Field(
+        default=None,
+        description="one key per out-of-memory event, chosen by the reporter (a UUID): a "
+        "retry with the same key returns the stored report instead of adding another",
+    )
     message: LongText | None = Field(default=None, description="the error, for people")
+
+    @model_validator(mode="after")
+    def _settled_below_failed(self) -> Self:
+        settled = self.settled_micro_batch_size
+        if settled is not None and settled >= self.micro_batch_size:
+            raise ValueError(
+                f"settled_micro_batch_size {settled} must be below the failed "
+                f"micro_batch_size {self.micro_batch_size}"
+            )
+        return self
 
 
 class OomReportPublic(BaseModel):
@@ -23,5 +48,7 @@ class OomReportPublic(BaseModel):
     device_id: int
     device_key: str
     micro_batch_size: int
+    settled_micro_batch_size: int | None = None
+    idempotency_key: str | None = None
     message: str | None
     created_at: datetime

@@ -17,21 +17,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import BindParameter, Dialect, Select, bindparam, func, select
+from sqlalchemy import BindParameter, Dialect, Select, bindparam, select
 from sqlalchemy.orm import Session, lazyload
 
 from api import models
-from api.schemas.oom_reports import OomReportCreate, OomReportPublic
 from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
-from api.store.generation import mark_changed
+from api.store.oom_reports import smallest_limit
 from api.store.prepared import PreparedSelect
 from api.store.profiles import (
     DEVICE_MISSING,
     WORKLOAD_MISSING,
     by_key_or_name,
     choose_by_reference,
-    find_device,
-    find_workload,
     workload_info,
 )
 from tuner.core import plan, results, worlds
@@ -57,7 +54,7 @@ def _newest_measured_statement() -> Select[Any]:
         .scalar_subquery()
     )
     smallest_oom = (
-        select(func.min(oom.micro_batch_size))
+        select(smallest_limit(oom))
         .where(
             oom.workload_id == workload_id,
             oom.device_id == device_id,
@@ -187,7 +184,7 @@ class _Reads:
         )
         # No profile of its own has lifted any OOM reported on this device.
         self.oom_ever = PreparedSelect(
-            select(func.min(oom.micro_batch_size)).where(
+            select(smallest_limit(oom)).where(
                 oom.workload_id == bindparam("workload_id"),
                 oom.device_id == bindparam("device_id"),
             ),
@@ -643,30 +640,4 @@ def _estimate(profiles: list[_Stored], world_size: int, mode: str) -> _Estimate:
         f"measured at world size {measured_at} only: a rank's memory does not grow with the "
         f"world size, so its largest micro batch is kept; profile at world size "
         f"{world_size} (or a second world size) for a larger one",
-    )
-
-
-def add_oom_report(session: Session, body: OomReportCreate) -> OomReportPublic:
-    """Record an OOM seen in training; it holds until a newer profile of the pair exists."""
-    workload = find_workload(session, body.workload)
-    device = find_device(session, body.device)
-    row = models.OomReport(
-        workload_id=workload.id,
-        device_id=device.id,
-        micro_batch_size=body.micro_batch_size,
-        message=body.message,
-        created_at=models.utcnow(),
-    )
-    session.add(row)
-    session.flush()
-    mark_changed(session)
-    return OomReportPublic(
-        id=row.id,
-        workload_id=workload.id,
-        workload_key=workload.key,
-        device_id=device.id,
-        device_key=device.key,
-        micro_batch_size=row.micro_batch_size,
-        message=row.message,
-        created_at=row.created_at,
     )

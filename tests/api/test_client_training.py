@@ -169,7 +169,9 @@ def test_an_oom_in_training_reported_to_the_service_lowers_the_next_plan(
     assert reporter.reported == [largest]
     profiled.forbid()
     lowered = plan_for(workload, client, policy="max")
-    assert (lowered.oom_limit, lowered.micro_batch_size) == (largest, largest - 1)
+    # The run went on at half: that is what the next plan gives, not one below the failure.
+    settled = largest // 2
+    assert (lowered.oom_limit, lowered.micro_batch_size) == (settled + 1, settled)
     assert lowered.profile_id == plan.profile_id
 
 

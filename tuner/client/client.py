@@ -24,6 +24,7 @@ answer it got to the same question (kept on disk) or the caller's fallback, with
 from __future__ import annotations
 
 import time
+import uuid
 import warnings
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -358,15 +359,29 @@ class TunerClient:
     # Training-time reports
 
     def report_oom(
-        self, *, workload: str, device: str, micro_batch_size: int, message: str | None = None
+        self,
+        *,
+        workload: str,
+        device: str,
+        micro_batch_size: int,
+        settled_micro_batch_size: int | None = None,
+        message: str | None = None,
+        idempotency_key: str | None = None,
     ) -> OomReportPublic:
-        """Tell the service that training ran out of memory at ``micro_batch_size``: its
-        recommendations for the pair stay below it until a newer profile exists."""
+        """Tell the service that training ran out of memory at ``micro_batch_size`` (and
+        went on at ``settled_micro_batch_size``): its recommendations for the pair stay
+        below the one and at or below the other until a newer profile exists.
+
+        Give one ``idempotency_key`` per event (a UUID): a retried request is then stored
+        once, and so is the same event reported twice. :class:`OomReporter` does.
+        """
         body = {
             "workload": workload,
             "device": device,
             "micro_batch_size": micro_batch_size,
+            "settled_micro_batch_size": settled_micro_batch_size,
             "message": message,
+            "idempotency_key": idempotency_key,
         }
         return self._store.report_oom(body)
 
@@ -462,8 +477,10 @@ class TunerClient:
 
 class OomReporter:
     """``on_oom(failed_size, new_size, message)`` for :class:`tuner.train.accumulate.Accumulator`:
-    reports each out-of-memory seen in training, so later recommendations for the pair
-    stay below ``failed_size``.
+    reports each out-of-memory seen in training, with the size the run went on with, so
+    that later recommendations for the pair stay at or below that size. The accumulator
+    calls it on rank 0 only, and each report carries a fresh idempotency key, so one
+    event is one stored report however often the request is retried.
 
     It never raises into training: a report that fails (no service, no access) is
     counted in ``failures`` and warned about once, with a :class:`TunerClientWarning`.
@@ -484,7 +501,10 @@ class OomReporter:
                 workload=self.workload,
                 device=self.device,
                 micro_batch_size=failed_size,
+                settled_micro_batch_size=new_size if 0 < new_size < failed_size else None,
                 message=message[: self.MESSAGE_CHARS] or None,
+                # One key per event: the transport's retries send the same body again.
+                idempotency_key=uuid.uuid4().hex,
             )
         except TunerError as exc:
             self.failures += 1

@@ -29,7 +29,7 @@ from api.schemas.jobs import JobCreate, JobPublic
 from api.schemas.oom_reports import OomReportCreate, OomReportPublic
 from api.schemas.profiles import ProfileCreate, ProfilePublic, ProfileQuery, ProfilesPublic
 from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
-from api.store import jobs, profiles, recommendation
+from api.store import jobs, oom_reports, profiles, recommendation
 from tuner.client.answer_cache import redact
 from tuner.core.errors import BadInputError, ServiceUnavailableError
 
@@ -109,7 +109,7 @@ class EmbeddedStore:
     def report_oom(self, body: Mapping[str, Any]) -> OomReportPublic:
         report = _parse(OomReportCreate, body, "body")
         with self._session(write=True) as session:
-            return recommendation.add_oom_report(session, report)
+            return oom_reports.add_oom_report(session, report)
 
     def queue_job(self, body: Mapping[str, Any]) -> JobPublic:
         job = _parse(JobCreate, body, "body")
