@@ -7,7 +7,18 @@ import json
 from tests.helpers import run_tuner
 
 TARGET = "tests.variant_workloads:stack"
-SMALL_GPT = ("-o", "vocab=64", "-o", "seq_len=16", "-o", "dim=16", "-o", "heads=2")
+SMALL_GPT = (
+    "-o",
+    "vocab=64",
+    "-o",
+    "seq_len=16",
+    "-o",
+    "dim=16",
+    "-o",
+    "heads=2",
+    "-o",
+    "layers=2",
+)
 
 
 def test_memory_short_explores_by_itself_and_says_so() -> None:
@@ -27,6 +38,19 @@ def test_memory_short_explores_by_itself_and_says_so() -> None:
     assert "Saved for backward at micro batch 3, peak in backward" in out
     assert "blocks.0" in out
     assert "activation checkpointing of blocks.0" in " ".join(out.split())
+
+
+def test_nothing_fitting_explores_and_a_variant_that_fits_is_the_answer() -> None:
+    done = run_tuner(
+        "profile", TARGET, "--device", "cpu", "--memory-limit", "290000",
+        "--global-batch-size", "4",
+    )  # fmt: skip
+    # Only checkpointing with bf16 fits one sample here: that variant is the answer.
+    assert done.returncode == 0, done.stderr
+    assert "nothing fits: exploring the variants" in done.stderr
+    assert "largest micro batch that fits: 0" in done.stdout
+    assert "fastest variant: checkpointing=true precision=bf16" in done.stdout
+    assert "micro batch 1 × 4 accumulation steps = global batch 4" in done.stdout
 
 
 def test_no_explore_keeps_to_the_workload_as_loaded() -> None:

@@ -171,14 +171,16 @@ def variants_table(exploration: Exploration) -> Table:
         title="Variants (measured)",
         title_justify="left",
         header_style="bold",
-        caption="steps: micro batches per optimizer step; samples/s: a timed optimizer step "
-        "of that plan (at M* without a global batch), per rank; peak: at M*",
+        caption="M* 0: nothing fits; steps: micro batches per optimizer step; samples/s: a "
+        "timed optimizer step of that plan (at M* without a global batch), per rank; "
+        "peak: at M*",
         caption_justify="left",
     )
     columns = ("variant", "M*", "steps", "samples/s", "peak", "")
     for column in columns:
+        # Numbers stay whole; a long variant label wraps between its options instead.
         left = column == "variant"
-        table.add_column(column, justify="left" if left else "right", no_wrap=left)
+        table.add_column(column, justify="left" if left else "right", no_wrap=not left)
     for outcome in exploration.variants:
         profile, plan = outcome.profile, outcome.recommendation
         at_max = profile.probe_at(profile.max_micro_batch_size)
@@ -187,7 +189,7 @@ def variants_table(exploration: Exploration) -> Table:
             speed = at_max.samples_per_second
         table.add_row(
             outcome.label or "as loaded",
-            str(profile.max_micro_batch_size) if profile.max_micro_batch_size else "none fits",
+            str(profile.max_micro_batch_size),
             str(plan.grad_accum) if plan is not None else "-",
             f"{speed:,.1f}" if speed else "-",
             format_bytes(at_max.peak_bytes) if at_max is not None else "-",
