@@ -310,9 +310,10 @@ _MISSES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Answering:
-    """One question, once its workload, device and parallel mode are known."""
+    """One question, once its workload, device and parallel mode are known (built for
+    every answer not cached: slots, not frozen, which costs a third as much)."""
 
     reads: _Reads
     connection: Any
