@@ -6,8 +6,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from platformdirs import user_data_path
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from api.rate_limits import parse_rate
 
 
 def default_database_url() -> str:
@@ -29,6 +31,16 @@ class ServiceSettings(BaseSettings):
     max_body_bytes: int = 1024 * 1024
     lease_seconds: float = Field(default=60.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
+    write_rate_limit: str | None = Field(
+        default="600/minute",
+        description="writes each token may make per process ('20/second', 'none')",
+    )
+
+    @field_validator("write_rate_limit")
+    @classmethod
+    def _a_rate(cls, value: str | None) -> str | None:
+        parse_rate(value)  # refuses, saying what a rate looks like
+        return value
 
 
 @lru_cache(maxsize=1)

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from api.cache import GenerationCache, SingleFlight
 from api.config import ServiceSettings
 from api.db import Database
+from api.rate_limits import WriteLimiter
 from api.security import (
     ANONYMOUS_READER,
     TOUCH_INTERVAL,
@@ -28,6 +29,9 @@ TOKEN_COOKIE = "tuner_token"
 
 # Async although they only read attributes: FastAPI runs a plain `def` dependency in its
 # threadpool, two thread hops a request for nothing.
+_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # never rate limited
+
+
 async def get_database(request: Request) -> Database:
     database: Database = request.app.state.db
     return database
@@ -128,6 +132,9 @@ async def authorize(request: Request, scope: str, *alternatives: str) -> Princip
     accepted = (scope, *alternatives)
     if not any(principal.allows(one) for one in accepted):
         require_scope(principal, " or ".join(accepted))  # raises, naming what is needed
+    if request.method not in _READ_METHODS:
+        limiter: WriteLimiter = request.app.state.write_limiter
+        limiter.check(principal)
     return principal
 
 

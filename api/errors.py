@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tuner.core.errors import TunerError
+from tuner.core.errors import RateLimitedError, TunerError
 
 STATUS_BY_CODE = {
     "bad_input": 422,
@@ -24,6 +24,7 @@ STATUS_BY_CODE = {
     "forbidden": 403,
     "unavailable": 503,
     "payload_too_large": 413,
+    "rate_limited": 429,
 }
 
 
@@ -58,6 +59,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _tuner_error(_request: Request, exc: TunerError) -> JSONResponse:
         status = STATUS_BY_CODE.get(exc.code, 400)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if isinstance(exc, RateLimitedError):
+            headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse(error_body(exc.code, exc.message), status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)

@@ -14,6 +14,7 @@ from api.dashboard.routes import install as install_dashboard
 from api.db import Database
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
+from api.rate_limits import WriteLimiter
 from api.routes import (
     devices,
     health,
@@ -71,6 +72,7 @@ def create_app(settings: ServiceSettings | None = None, *, prepare: bool = True)
     # Answers and token checks kept per store generation (see api.cache).
     app.state.reader = DirectReader(database.engine)
     app.state.principals = GenerationCache()
+    app.state.write_limiter = WriteLimiter(settings.write_rate_limit)
     app.state.principal_checks = SingleFlight()
     app.state.recommendations = GenerationCache()
     install_error_handlers(app)

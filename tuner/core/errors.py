@@ -74,6 +74,17 @@ class ServiceUnavailableError(TunerError):
     code = "unavailable"
 
 
+class RateLimitedError(TunerError):
+    """Too many writes from one token in the service's window; ``retry_after_s`` says
+    when the next one is accepted."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class RankFailedError(TunerError):
     """A rank of a profile at world size W raised an error that is not an out-of-memory,
     died, or did not answer in time; the message carries its traceback or exit status."""
@@ -94,6 +105,7 @@ ERRORS_BY_CODE: dict[str, type[TunerError]] = {
         AuthenticationError,
         PermissionDeniedError,
         ServiceUnavailableError,
+        RateLimitedError,
         RankFailedError,
     )
 }

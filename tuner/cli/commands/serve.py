@@ -32,6 +32,12 @@ def add_parser(commands: Any) -> None:
         help="server processes, sharing the port (default: TUNER_WORKERS, else 1); cached "
         "answers stay exact across them",
     )
+    serve.add_argument(
+        "--write-rate-limit",
+        default=None,
+        help="writes each token may make, per process: '600/minute' (the default, "
+        "TUNER_WRITE_RATE_LIMIT), '20/second', or 'none'",
+    )
 
 
 def serving_app() -> FastAPI:
@@ -62,6 +68,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
             ("database_url", args.database_url),
             ("public_reads", args.public_reads),
             ("workers", args.workers),
+            ("write_rate_limit", args.write_rate_limit),
         )
         if value is not None
     }
