@@ -22,7 +22,9 @@ class GenerationCache(Generic[V]):
     needs no lock.
     """
 
-    def __init__(self, max_entries: int = 50_000) -> None:
+    # About 1.7 KiB an answer: 10,000 keep a fleet's questions many times over in ~17 MiB
+    # (bench/service_memory.py measures the plateau).
+    def __init__(self, max_entries: int = 10_000) -> None:
         self.max_entries = max_entries
         self._entries: OrderedDict[Hashable, tuple[int, V]] = OrderedDict()
 

@@ -47,10 +47,19 @@ SettingsDep = Annotated[ServiceSettings, Depends(get_settings)]
 
 
 def presented_token(request: Request) -> str | None:
-    """The bearer token from the Authorization header, or from the dashboard's cookie."""
+    """The bearer token from the Authorization header, or, for reads only, from the
+    dashboard's cookie.
+
+    A browser sends the cookie with any request to this host, whichever page made it: a
+    page on another port of the same machine is the same site, so even ``SameSite=Strict``
+    lets it through. Writes therefore take the header only, which a page on another
+    origin cannot set without the service's consent (CORS, which it never gives).
+    """
     header = request.headers.get("authorization")
     if header:
         return bearer_token(header)
+    if request.method not in _READ_METHODS:
+        return None
     return request.cookies.get(TOKEN_COOKIE)
 
 
@@ -124,8 +133,12 @@ async def authorize(request: Request, scope: str, *alternatives: str) -> Princip
         settings: ServiceSettings = request.app.state.settings
         if scope == "read" and settings.public_reads:
             return ANONYMOUS_READER
+        cookie_only = TOKEN_COOKIE in request.cookies
         raise AuthenticationError(
-            "this request needs a token: send `Authorization: Bearer <token>` "
+            "writes take a bearer token, never the dashboard's cookie: send "
+            "`Authorization: Bearer <token>`"
+            if cookie_only
+            else "this request needs a token: send `Authorization: Bearer <token>` "
             "(an admin creates one with `tuner token create`)"
         )
     principal = await _principal(request, token)
