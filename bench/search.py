@@ -24,6 +24,7 @@ smoke run that writes nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -162,6 +163,75 @@ def replay(curve: dict[int, ProbeResult], name: str) -> tuple[int, int, list[int
     return exact, total, probes
 
 
+@dataclass
+class CaseResult:
+    """One workload's figures: a row per real run, its runs per search, replay rows."""
+
+    rows: list[list[str]]
+    runs: dict[str, list[tuple[int, int, float, bool]]]
+    replay_rows: list[list[str]]
+
+
+def measure_case(case: Case, searches: dict[str, Search], curves: Path | None) -> CaseResult:
+    started = time.perf_counter()
+    curve = scan_curve(case, curves)
+    print(
+        f"{case.label}: scanned sizes 1..{case.scan_to} in {time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
+    result = CaseResult([], {name: [] for name in searches}, [])
+    for name in ("model", "model-previous", "bisect"):
+        exact, total, probes = replay(curve, name)
+        result.replay_rows.append(
+            [
+                case.label,
+                name,
+                f"{exact}/{total}",
+                f"{statistics.median(probes):g}",
+                str(max(probes)),
+                f"{statistics.mean(probes):.2f}",
+            ]
+        )
+    for target in case.targets:
+        limit = limit_for(curve, target)
+        true_size = truth(curve, int((1 - HEADROOM) * limit))
+        for name, search in searches.items():
+            outcome, wall = run_real(case, limit, name, search)
+            steps = sum(p.steps_run for p in outcome.probes)
+            found = outcome.max_micro_batch_size
+            result.runs[name].append((len(outcome.probes), steps, wall, found == true_size))
+            row = [
+                case.label,
+                str(true_size),
+                name,
+                str(found),
+                verdict(found, true_size),
+                str(len(outcome.probes)),
+                str(steps),
+                f"{wall:.2f}",
+            ]
+            result.rows.append(row)
+            print("  " + "  ".join(row), flush=True)
+    return result
+
+
+def case_result(
+    case: Case, searches: dict[str, Search], curves: Path | None, results: Path | None
+) -> CaseResult:
+    """``measure_case``, or its figures kept in ``results`` by an earlier run (workloads
+    can then be measured by separate processes and the section written from them all)."""
+    path = None if results is None else results / f"{case.label}.json"
+    if path is not None and path.exists():
+        kept = json.loads(path.read_text())
+        runs = {name: [tuple(run) for run in r] for name, r in kept["runs"].items()}
+        return CaseResult(kept["rows"], runs, kept["replay_rows"])
+    result = measure_case(case, searches, curves)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dataclasses.asdict(result)))
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small smoke run; writes nothing")
@@ -172,8 +242,21 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="directory to keep scanned curves in and reuse them from",
     )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="directory to keep each workload's figures in and reuse them from",
+    )
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated workloads to measure (with --results); writes nothing",
+    )
     args = parser.parse_args(argv)
     cases = QUICK_CASES if args.quick else CASES
+    if args.only is not None:
+        cases = [case for case in cases if case.label in args.only.split(",")]
     searches = _searches()
 
     rows: list[list[str]] = []
@@ -181,46 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     replay_rows: list[list[str]] = []
     per_workload: dict[tuple[str, str], list[int]] = {}
     for case in cases:
-        started = time.perf_counter()
-        curve = scan_curve(case, args.curves)
-        print(
-            f"{case.label}: scanned sizes 1..{case.scan_to} in "
-            f"{time.perf_counter() - started:.0f} s",
-            flush=True,
-        )
-        for name in ("model", "model-previous", "bisect"):
-            exact, total, probes = replay(curve, name)
-            replay_rows.append(
-                [
-                    case.label,
-                    name,
-                    f"{exact}/{total}",
-                    f"{statistics.median(probes):g}",
-                    str(max(probes)),
-                    f"{statistics.mean(probes):.2f}",
-                ]
-            )
-        for target in case.targets:
-            limit = limit_for(curve, target)
-            true_size = truth(curve, int((1 - HEADROOM) * limit))
-            for name, search in searches.items():
-                outcome, wall = run_real(case, limit, name, search)
-                steps = sum(p.steps_run for p in outcome.probes)
-                found = outcome.max_micro_batch_size
-                per_strategy[name].append((len(outcome.probes), steps, wall, found == true_size))
-                per_workload.setdefault((case.label, name), []).append(len(outcome.probes))
-                row = [
-                    case.label,
-                    str(true_size),
-                    name,
-                    str(found),
-                    verdict(found, true_size),
-                    str(len(outcome.probes)),
-                    str(steps),
-                    f"{wall:.2f}",
-                ]
-                rows.append(row)
-                print("  " + "  ".join(row), flush=True)
+        result = case_result(case, searches, args.curves, args.results)
+        rows += result.rows
+        replay_rows += result.replay_rows
+        for name, runs in result.runs.items():
+            per_strategy[name] += runs
+            per_workload[(case.label, name)] = [run[0] for run in runs]
 
     summary = []
     for name, runs in per_strategy.items():
@@ -285,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     print(body)
-    if not (args.quick or args.no_write):
+    if not (args.quick or args.no_write or args.only):
         write_section("search", body)
     return 0
 

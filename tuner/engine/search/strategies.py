@@ -53,7 +53,9 @@ def model_search(probe: ProbeFn, *, cap: int, budget_bytes: int) -> SearchOutcom
     temporaries count too), so the first aim lands low and safe; at the larger ``lo`` it
     lands on, activations dominate and the anchored slope is within a few percent, where
     the secant through size 1 is too flat (size 1's peak holds those temporaries, which
-    larger sizes hide). Once two sizes past 1 have run, aims take, per phase, the secant
+    larger sizes hide); unless the anchored slope is twice the secant or more (then
+    temporaries still dominate at ``lo``, and the secant is the better guide). Once two
+    sizes past 1 have run, aims take, per phase, the secant
     through the measured peaks nearest the boundary. Aims stay strictly inside the
     bracket, so every probe narrows it. A bisection step replaces the aim when no slope is
     known, when a failed probe contradicts the prediction, or when aims have twice
@@ -154,10 +156,15 @@ def _slope(
         return (points[hi] - anchor) / (hi - lo)
     below = [size for size in points if size < lo]
     anchored = _anchored_slope(search, phase, anchor, lo)
-    if below and (max(below) > 1 or anchored is None or not rules.anchor_past_size_one):
-        other = max(below)  # the secant through the nearest smaller probe: the most local
-        return (anchor - points[other]) / (lo - other)
-    return anchored
+    if not below:
+        return anchored
+    other = max(below)  # the secant through the nearest smaller probe: the most local
+    secant = (anchor - points[other]) / (lo - other)
+    if other > 1 or anchored is None or not rules.anchor_past_size_one:
+        return secant
+    # Twice the secant or more: the bytes above the resident parts at lo are still mostly
+    # fixed temporaries, not samples, and the secant is the better guide.
+    return secant if anchored >= 2 * secant else anchored
 
 
 def _anchored_slope(search: SearchRecorder, phase: str, peak: int, size: int) -> float | None:
