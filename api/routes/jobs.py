@@ -68,12 +68,13 @@ def get_job(job_id: JobId, db: DatabaseDep, _: ReadAccess) -> JobPublic:
 
 @router.post("/{job_id}/heartbeat")
 def heartbeat(
-    job_id: JobId, body: LeaseRef, db: DatabaseDep, settings: SettingsDep, _: WorkerAccess
+    job_id: JobId, body: LeaseRef, db: DatabaseDep, settings: SettingsDep, caller: WorkerAccess
 ) -> Lease:
-    """Extend the lease on a running job; 409 when the lease is no longer current."""
+    """Extend the lease on a running job; 409 when the lease is no longer current, 403 for
+    a token that did not register the worker holding it."""
     with db.session(write=True) as session:
         lease = store.extend_lease(
-            session, job_id, body.lease_id, lease_seconds=settings.lease_seconds
+            session, job_id, body.lease_id, caller, lease_seconds=settings.lease_seconds
         )
     return Lease(
         lease_id=lease.lease_id,
@@ -83,18 +84,22 @@ def heartbeat(
 
 
 @router.post("/{job_id}/result")
-def submit_result(job_id: JobId, body: JobResult, db: DatabaseDep, _: WorkerAccess) -> JobPublic:
+def submit_result(
+    job_id: JobId, body: JobResult, db: DatabaseDep, caller: WorkerAccess
+) -> JobPublic:
     """Store the job's profile and mark it succeeded; 409 under a stale lease."""
     with db.session(write=True) as session:
-        job = store.complete_job(session, job_id, body.lease_id, body.profile)
+        job = store.complete_job(session, job_id, body.lease_id, caller, body.profile)
         return JobPublic.model_validate(job)
 
 
 @router.post("/{job_id}/failure")
-def report_failure(job_id: JobId, body: JobFailure, db: DatabaseDep, _: WorkerAccess) -> JobPublic:
+def report_failure(
+    job_id: JobId, body: JobFailure, db: DatabaseDep, caller: WorkerAccess
+) -> JobPublic:
     """Record a failed attempt: queued again if retryable and attempts remain, else failed."""
     with db.session(write=True) as session:
         job = store.fail_job(
-            session, job_id, body.lease_id, reason=body.reason, retryable=body.retryable
+            session, job_id, body.lease_id, caller, reason=body.reason, retryable=body.retryable
         )
         return JobPublic.model_validate(job)

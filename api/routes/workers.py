@@ -30,10 +30,10 @@ def _public(worker: models.Worker) -> WorkerPublic:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-def register_worker(body: WorkerCreate, db: DatabaseDep, _: WorkerAccess) -> WorkerPublic:
+def register_worker(body: WorkerCreate, db: DatabaseDep, caller: WorkerAccess) -> WorkerPublic:
     """Register a worker and its device (the device is created if new)."""
     with db.session(write=True) as session:
-        return _public(store.register_worker(session, body))
+        return _public(store.register_worker(session, body, caller))
 
 
 @router.get("")
@@ -45,10 +45,10 @@ def list_workers(db: DatabaseDep, _: ReadAccess) -> WorkersPublic:
 
 
 @router.post("/{worker_id}/heartbeat")
-def heartbeat(worker_id: WorkerId, db: DatabaseDep, _: WorkerAccess) -> WorkerPublic:
-    """Record that the worker is alive."""
+def heartbeat(worker_id: WorkerId, db: DatabaseDep, caller: WorkerAccess) -> WorkerPublic:
+    """Record that the worker is alive (only its own token, or an admin's, may)."""
     with db.session(write=True) as session:
-        return _public(store.touch_worker(session, worker_id))
+        return _public(store.touch_worker(session, worker_id, caller))
 
 
 @router.post(
@@ -60,7 +60,7 @@ def claim(
     worker_id: WorkerId,
     db: DatabaseDep,
     settings: SettingsDep,
-    _: WorkerAccess,
+    caller: WorkerAccess,
     ranks: Annotated[
         int,
         Query(
@@ -72,7 +72,7 @@ def claim(
     when none."""
     with db.session(write=True) as session:
         claimed = store.claim_job(
-            session, worker_id, lease_seconds=settings.lease_seconds, ranks=ranks
+            session, worker_id, caller, lease_seconds=settings.lease_seconds, ranks=ranks
         )
         if claimed is None:
             return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -25,10 +25,11 @@ from sqlalchemy.orm import Session
 from api import models
 from api.schemas.jobs import JobCreate, JobQuery
 from api.schemas.workers import WorkerCreate
+from api.security import Principal
 from api.store.paging import keyset_page
 from api.store.profiles import add_profile, upsert_device
 from tuner.core import results
-from tuner.core.errors import BadInputError, ConflictError, NotFoundError
+from tuner.core.errors import BadInputError, ConflictError, NotFoundError, PermissionDeniedError
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,11 @@ def _when(moment: datetime | None) -> str:
 # Workers
 
 
-def register_worker(session: Session, body: WorkerCreate) -> models.Worker:
-    """A new worker on the device ``body`` describes (the device is created if new)."""
+def register_worker(session: Session, body: WorkerCreate, caller: Principal) -> models.Worker:
+    """A new worker on the device ``body`` describes (the device is created if new), bound
+    to the token that registers it."""
     device = upsert_device(session, body.device_key, body.device)
-    worker = models.Worker(name=body.name, device=device)
+    worker = models.Worker(name=body.name, device=device, token_id=caller.token_id)
     session.add(worker)
     session.flush()
     return worker
@@ -67,10 +69,21 @@ def list_workers(session: Session) -> list[models.Worker]:
     return list(session.scalars(select(models.Worker).order_by(models.Worker.id)))
 
 
-def touch_worker(session: Session, worker_id: int) -> models.Worker:
+def touch_worker(session: Session, worker_id: int, caller: Principal) -> models.Worker:
     worker = get_worker(session, worker_id)
+    check_acts_for(worker, caller)
     worker.last_heartbeat_at = models.utcnow()
     return worker
+
+
+def check_acts_for(worker: models.Worker, caller: Principal) -> None:
+    """Only the token that registered ``worker`` (or an admin's) may act for it."""
+    if worker.token_id is None or caller.allows("admin") or worker.token_id == caller.token_id:
+        return
+    raise PermissionDeniedError(
+        f"worker {worker.id} ({worker.name!r}) was registered with another token: a token "
+        "acts only for the workers it registered; register this one with POST /api/v1/workers"
+    )
 
 
 # Jobs
@@ -156,7 +169,7 @@ _CLAIM_WINDOW = 50
 
 
 def claim_job(
-    session: Session, worker_id: int, *, lease_seconds: float, ranks: int = 1
+    session: Session, worker_id: int, caller: Principal, *, lease_seconds: float, ranks: int = 1
 ) -> tuple[models.Job, Lease] | None:
     """Give the oldest queued job for the worker's device (its key or its name) that needs
     at most ``ranks`` ranks (the worker's devices, or processes on a CPU) to the worker
@@ -164,7 +177,7 @@ def claim_job(
 
     A job that needs more ranks stays queued for a worker that has them, and says so in
     its ``error`` until one claims it."""
-    worker = touch_worker(session, worker_id)
+    worker = touch_worker(session, worker_id, caller)
     expire_leases(session)
     candidates = session.scalars(
         select(models.Job)
@@ -209,8 +222,9 @@ def job_ranks(job: models.Job) -> int:
     return int(world_size) if job.settings.get("parallel") != "none" else 1
 
 
-def _held(session: Session, job_id: int, lease_id: str) -> models.Job:
-    """The job, its row locked, if ``lease_id`` is its current and unexpired lease."""
+def _held(session: Session, job_id: int, lease_id: str, caller: Principal) -> models.Job:
+    """The job, its row locked, if ``lease_id`` is its current and unexpired lease and
+    ``caller`` acts for the worker that holds it."""
     job = session.scalar(
         select(models.Job)
         .where(models.Job.id == job_id)
@@ -219,6 +233,9 @@ def _held(session: Session, job_id: int, lease_id: str) -> models.Job:
     )
     if job is None:
         raise NotFoundError(f"no job with id {job_id}; GET /api/v1/jobs lists them")
+    holder = session.get(models.Worker, job.worker_id) if job.worker_id is not None else None
+    if holder is not None:
+        check_acts_for(holder, caller)
     if job.status in ("succeeded", "failed"):
         raise ConflictError(
             f"job {job_id} already {job.status}; its outcome is recorded once, so this "
@@ -238,21 +255,23 @@ def _held(session: Session, job_id: int, lease_id: str) -> models.Job:
     return job
 
 
-def extend_lease(session: Session, job_id: int, lease_id: str, *, lease_seconds: float) -> Lease:
-    job = _held(session, job_id, lease_id)
+def extend_lease(
+    session: Session, job_id: int, lease_id: str, caller: Principal, *, lease_seconds: float
+) -> Lease:
+    job = _held(session, job_id, lease_id, caller)
     now = models.utcnow()
     job.lease_expires_at = now + timedelta(seconds=lease_seconds)
     job.updated_at = now
     if job.worker_id is not None:
-        touch_worker(session, job.worker_id)
+        touch_worker(session, job.worker_id, caller)
     return Lease(lease_id, job.lease_expires_at, lease_seconds)
 
 
 def complete_job(
-    session: Session, job_id: int, lease_id: str, profile: results.Profile
+    session: Session, job_id: int, lease_id: str, caller: Principal, profile: results.Profile
 ) -> models.Job:
     """Store the profile and mark the job succeeded, in the caller's one transaction."""
-    job = _held(session, job_id, lease_id)
+    job = _held(session, job_id, lease_id, caller)
     if profile.workload.target not in (None, job.target):
         raise BadInputError(
             f"the profile is of {profile.workload.target}, but job {job_id} profiles "
@@ -266,10 +285,16 @@ def complete_job(
 
 
 def fail_job(
-    session: Session, job_id: int, lease_id: str, *, reason: str, retryable: bool
+    session: Session,
+    job_id: int,
+    lease_id: str,
+    caller: Principal,
+    *,
+    reason: str,
+    retryable: bool,
 ) -> models.Job:
     """Record a failed attempt: queued again when retryable and attempts remain, else failed."""
-    job = _held(session, job_id, lease_id)
+    job = _held(session, job_id, lease_id, caller)
     now = models.utcnow()
     attempt = f"attempt {job.attempts} of {job.max_attempts}"
     if retryable and job.attempts < job.max_attempts:

@@ -16,6 +16,7 @@ from api.schemas.devices import DeviceInfoCreate
 from api.schemas.jobs import JobPublic
 from api.schemas.recommendation import RecommendationPublic
 from api.schemas.workers import WorkerCreate
+from api.security import Principal
 from api.store import jobs
 from tests.api.builders import profile_with_speeds
 from tests.api.documents import sample_profile
@@ -146,6 +147,7 @@ def test_what_one_mode_writes_the_other_reads(both: dict[str, TunerClient]) -> N
 def finish_job(database: Database, job_id: int) -> None:
     """What a worker does, through the store: register, claim the job, store its profile."""
     profile = sample_profile()  # of TARGET on DEVICE_KEY
+    caller = Principal(None, "in-test worker", frozenset({"worker", "read"}))
     with database.session(write=True) as session:
         worker = jobs.register_worker(
             session,
@@ -154,12 +156,13 @@ def finish_job(database: Database, job_id: int) -> None:
                 device_key=DEVICE_KEY,
                 device=DeviceInfoCreate.model_validate(profile.device.model_dump()),
             ),
+            caller,
         )
-        claimed = jobs.claim_job(session, worker.id, lease_seconds=60)
+        claimed = jobs.claim_job(session, worker.id, caller, lease_seconds=60)
         assert claimed is not None
         job, lease = claimed
         assert job.id == job_id
-        jobs.complete_job(session, job.id, lease.lease_id, profile)
+        jobs.complete_job(session, job.id, lease.lease_id, caller, profile)
 
 
 def test_queue_a_job_and_wait_for_it(client: TunerClient, database: Database) -> None:
