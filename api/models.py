@@ -201,10 +201,9 @@ class Worker(Base):
     name: Mapped[str] = mapped_column(String(200))
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), index=True)
     # The token that registered it: only that token (or an admin's) acts for it. None for
-    # workers registered before tokens were bound.
-    token_id: Mapped[int | None] = mapped_column(
-        ForeignKey("api_tokens.id", ondelete="SET NULL"), index=True
-    )
+    # workers registered before tokens were bound. No foreign key: tokens are revoked,
+    # never deleted (and see migration 0007).
+    token_id: Mapped[int | None] = mapped_column(Integer, index=True)
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -23,20 +23,14 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("workers") as batch:
-        batch.add_column(sa.Column("token_id", sa.Integer(), nullable=True))
-        batch.create_foreign_key(
-            "fk_workers_token_id_api_tokens",
-            "api_tokens",
-            ["token_id"],
-            ["id"],
-            ondelete="SET NULL",
-        )
-        batch.create_index("ix_workers_token_id", ["token_id"])
+    # Plain ALTER TABLE, never batch mode: SQLite's batch mode copies and drops the table,
+    # and with foreign keys on, dropping workers would clear every job's worker. For the
+    # same reason the id is a plain column, not a foreign key (tokens are revoked, never
+    # deleted, so it always names one).
+    op.add_column("workers", sa.Column("token_id", sa.Integer(), nullable=True))
+    op.create_index("ix_workers_token_id", "workers", ["token_id"])
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("workers") as batch:
-        batch.drop_index("ix_workers_token_id")
-        batch.drop_constraint("fk_workers_token_id_api_tokens", type_="foreignkey")
-        batch.drop_column("token_id")
+    op.drop_index("ix_workers_token_id", table_name="workers")
+    op.drop_column("workers", "token_id")
