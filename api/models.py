@@ -125,12 +125,28 @@ class Profile(Base):
             "world_size",
             "created_at",
         ),
+        # Newest means received last, by the service's clock (migration 0008): the
+        # indexes that list and pick profiles in that order.
+        Index("ix_profiles_received_id", "received_at", "id"),
+        Index("ix_profiles_workload_received_id", "workload_id", "received_at", "id"),
+        Index("ix_profiles_device_received_id", "device_id", "received_at", "id"),
+        Index(
+            "ix_profiles_workload_device_world_received",
+            "workload_id",
+            "device_id",
+            "world_size",
+            "received_at",
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    # The measuring machine's clock: information, and the upload's identity.
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The service's clock when it stored the row: what orders and compares profiles.
+    # Nullable only in the schema (rows of old revisions were backfilled; every write sets it).
+    received_at: Mapped[datetime | None] = mapped_column(default=utcnow)
     headroom: Mapped[float] = mapped_column(Float)
     budget_bytes: Mapped[int] = mapped_column(BigInteger)
     strategy: Mapped[str] = mapped_column(String(32))

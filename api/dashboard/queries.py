@@ -194,7 +194,7 @@ def _superseded(profile: Any) -> Any:
     return exists().where(
         newer.workload_id == profile.workload_id,
         newer.device_id == profile.device_id,
-        newer.created_at > profile.created_at,
+        newer.received_at > profile.received_at,
     )
 
 
@@ -204,7 +204,7 @@ def _oom_since(profile: Any) -> Any:
         .where(
             models.OomReport.workload_id == profile.workload_id,
             models.OomReport.device_id == profile.device_id,
-            models.OomReport.created_at > profile.created_at,
+            models.OomReport.created_at > profile.received_at,
         )
         .scalar_subquery()
     )
@@ -378,7 +378,7 @@ def profile_detail(session: Session, profile_id: int) -> ProfileDetail:
     newest_id = session.scalar(
         select(_P.id)
         .where(_P.workload_id == row.workload_id, _P.device_id == row.device_id)
-        .order_by(_P.created_at.desc(), _P.id.desc())
+        .order_by(_P.received_at.desc(), _P.id.desc())
         .limit(1)
     )
     reports = session.execute(
@@ -390,7 +390,7 @@ def profile_detail(session: Session, profile_id: int) -> ProfileDetail:
         .where(
             models.OomReport.workload_id == row.workload_id,
             models.OomReport.device_id == row.device_id,
-            models.OomReport.created_at > row.created_at,
+            models.OomReport.created_at > row.received_at,
         )
         .order_by(models.OomReport.created_at.desc())
         .limit(20)
@@ -520,7 +520,7 @@ def workload_detail(session: Session, workload_id: int) -> WorkloadDetail:
     results: list[DeviceResult] = []
     for device in devices:
         row = by_device.get(device.id)
-        since = row.created_at if row is not None else None
+        since = row.received_at if row is not None else None
         oom = min(
             (
                 size

@@ -106,7 +106,7 @@ def world_sizes(session: Session, workload: models.Workload) -> list[DeviceWorld
     rows = session.scalars(
         select(models.Profile)
         .where(models.Profile.workload_id.in_(family))
-        .order_by(models.Profile.created_at.desc(), models.Profile.id.desc())
+        .order_by(models.Profile.received_at.desc(), models.Profile.id.desc())
     ).all()
     if all(row.parallel_mode == "none" and row.world_size == 1 for row in rows):
         return []

@@ -30,7 +30,7 @@ def keyset_page(
     session: Session,
     model: type[M],
     *,
-    created_at: InstrumentedAttribute[datetime],
+    created_at: InstrumentedAttribute[Any],  # the time column rows are ordered by
     row_id: InstrumentedAttribute[int],
     where: Sequence[ColumnElement[bool]],
     query: PageQuery,
@@ -58,5 +58,6 @@ def keyset_page(
     if len(rows) <= query.limit:
         return rows, count, None
     last = rows[query.limit - 1]
-    token = Cursor(created_at=last.created_at, id=last.id).encode()
+    # The cursor holds the value of the ordering column, whichever it is.
+    token = Cursor(created_at=getattr(last, created_at.key), id=last.id).encode()
     return rows[: query.limit], count, token

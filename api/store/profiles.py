@@ -498,7 +498,8 @@ def list_profiles(
     """Profiles matching the filters, newest first, without their probes."""
     where: list[ColumnElement[bool]] = []
     # References are resolved first: one id (the usual case) is an equality, which lets the
-    # (workload_id | device_id, created_at, id) index deliver rows already in page order.
+    # (workload_id | device_id, received_at, id) index deliver rows already in page order.
+    # Newest is received last, by the service's clock (the machine's can be off).
     if query.workload is not None:
         where.append(
             _matching(session, models.Profile.workload_id, models.Workload, query.workload)
@@ -512,7 +513,7 @@ def list_profiles(
     return keyset_page(
         session,
         models.Profile,
-        created_at=models.Profile.created_at,
+        created_at=models.Profile.received_at,
         row_id=models.Profile.id,
         where=where,
         query=query,

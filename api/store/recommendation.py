@@ -49,7 +49,7 @@ def _newest_measured_statement() -> Select[Any]:
             profile.device_id == device_id,
             profile.world_size == bindparam("world_size"),
         )
-        .order_by(profile.created_at.desc())
+        .order_by(profile.received_at.desc())
         .limit(1)
         .scalar_subquery()
     )
@@ -58,7 +58,7 @@ def _newest_measured_statement() -> Select[Any]:
         .where(
             oom.workload_id == workload_id,
             oom.device_id == device_id,
-            oom.created_at > profile.created_at,
+            oom.created_at > profile.received_at,
         )
         .scalar_subquery()
     )
@@ -90,7 +90,7 @@ def _newest_fit_statement(*columns: Any) -> Select[Any]:
             _P.fit_bytes_per_sample > 0,
             _P.fit_fixed_bytes.is_not(None),
         )
-        .order_by(_P.created_at.desc(), _P.id.desc())
+        .order_by(_P.received_at.desc(), _P.id.desc())
         .limit(1)
     )
 
@@ -543,7 +543,7 @@ def _world_profiles_statement() -> Select[Any]:
         )
         .outerjoin(probe, probe.profile_id == _P.id)
         .where(_P.workload_id == bindparam("workload_id"), _P.device_id == bindparam("device_id"))
-        .order_by(_P.created_at.desc(), _P.id.desc(), probe.ordinal)
+        .order_by(_P.received_at.desc(), _P.id.desc(), probe.ordinal)
     )
 
 

@@ -32,7 +32,7 @@ def variants_of(session: Session, row: models.Profile) -> VariantsPublic:
             session.scalars(
                 select(models.Profile)
                 .where(models.Profile.variant_group == row.variant_group)
-                .order_by(models.Profile.created_at, models.Profile.id)
+                .order_by(models.Profile.received_at, models.Profile.id)
             )
         )
     data = [_public(member) for member in rows]

@@ -24,18 +24,19 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("profiles") as batch:
-        batch.add_column(
-            sa.Column("variant", sa.JSON(), nullable=False, server_default=sa.text("'{}'"))
-        )
-        batch.add_column(sa.Column("variant_group", sa.String(length=64), nullable=True))
-        batch.create_index("ix_profiles_variant_group", ["variant_group"])
+    # Plain ALTER TABLE, never batch mode: SQLite's batch mode copies and drops profiles,
+    # and with foreign keys on that cascades to every probe.
+    op.add_column(
+        "profiles",
+        sa.Column("variant", sa.JSON(), nullable=False, server_default=sa.text("'{}'")),
+    )
+    op.add_column("profiles", sa.Column("variant_group", sa.String(length=64), nullable=True))
+    op.create_index("ix_profiles_variant_group", "profiles", ["variant_group"])
 
 
 def downgrade() -> None:
     # The profiles stay: each is still a whole profile of its own workload; only the link
     # between variants goes.
-    with op.batch_alter_table("profiles") as batch:
-        batch.drop_index("ix_profiles_variant_group")
-        batch.drop_column("variant_group")
-        batch.drop_column("variant")
+    op.drop_index("ix_profiles_variant_group", table_name="profiles")
+    op.drop_column("profiles", "variant_group")
+    op.drop_column("profiles", "variant")
