@@ -18,7 +18,9 @@ All strategies share one probe (2 warm-up steps, 1 measured step of 2 micro batc
 1 timed step), so the differences come from the search policy alone.
 
 Run: ``python bench/search.py`` (about 20 minutes on 2 cores), or ``--quick`` for a
-smoke run that writes nothing.
+smoke run that writes nothing. ``--curves DIR --results DIR --only gpt,cnn`` measures
+some workloads in one process (several can run side by side); a last run with the same
+directories and no ``--only`` writes the section from them all.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class Case:
 
 
 CASES = [
-    Case("gpt", "examples.gpt:workload", {}, 40, [1, 6, 30]),
+    Case("gpt", "examples.gpt:workload", {"layers": 2}, 31, [1, 6, 30]),
     Case("cnn", "examples.cnn:workload", {"width": 16}, 130, [3, 20, 110]),
     Case(
         "mlp",
@@ -172,7 +174,9 @@ class CaseResult:
     replay_rows: list[list[str]]
 
 
-def measure_case(case: Case, searches: dict[str, Search], curves: Path | None) -> CaseResult:
+def measure_case(
+    case: Case, searches: dict[str, Search], curves: Path | None, *, real: bool = True
+) -> CaseResult:
     started = time.perf_counter()
     curve = scan_curve(case, curves)
     print(
@@ -192,7 +196,7 @@ def measure_case(case: Case, searches: dict[str, Search], curves: Path | None) -
                 f"{statistics.mean(probes):.2f}",
             ]
         )
-    for target in case.targets:
+    for target in case.targets if real else []:
         limit = limit_for(curve, target)
         true_size = truth(curve, int((1 - HEADROOM) * limit))
         for name, search in searches.items():
@@ -216,15 +220,23 @@ def measure_case(case: Case, searches: dict[str, Search], curves: Path | None) -
 
 
 def case_result(
-    case: Case, searches: dict[str, Search], curves: Path | None, results: Path | None
+    case: Case,
+    searches: dict[str, Search],
+    curves: Path | None,
+    results: Path | None,
+    *,
+    real: bool = True,
 ) -> CaseResult:
     """``measure_case``, or its figures kept in ``results`` by an earlier run (workloads
-    can then be measured by separate processes and the section written from them all)."""
+    can then be measured by separate processes and the section written from them all).
+    Without ``real``, a workload with no kept figures gets its replays only."""
     path = None if results is None else results / f"{case.label}.json"
     if path is not None and path.exists():
         kept = json.loads(path.read_text())
         runs = {name: [tuple(run) for run in r] for name, r in kept["runs"].items()}
         return CaseResult(kept["rows"], runs, kept["replay_rows"])
+    if not real:
+        return measure_case(case, searches, curves, real=False)
     result = measure_case(case, searches, curves)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -249,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         help="directory to keep each workload's figures in and reuse them from",
     )
     parser.add_argument(
+        "--replays-only-where-missing",
+        action="store_true",
+        help="workloads with no figures in --results get their replays only, no real runs",
+    )
+    parser.add_argument(
         "--only",
         default=None,
         help="comma-separated workloads to measure (with --results); writes nothing",
@@ -264,12 +281,20 @@ def main(argv: list[str] | None = None) -> int:
     replay_rows: list[list[str]] = []
     per_workload: dict[tuple[str, str], list[int]] = {}
     for case in cases:
-        result = case_result(case, searches, args.curves, args.results)
+        result = case_result(
+            case,
+            searches,
+            args.curves,
+            args.results,
+            real=not args.replays_only_where_missing,
+        )
         rows += result.rows
         replay_rows += result.replay_rows
         for name, runs in result.runs.items():
             per_strategy[name] += runs
-            per_workload[(case.label, name)] = [run[0] for run in runs]
+            if runs:
+                per_workload[(case.label, name)] = [run[0] for run in runs]
+    measured = sorted({label for label, _ in per_workload})
 
     summary = []
     for name, runs in per_strategy.items():
@@ -296,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             f"size cap {SIZE_CAP}. "
             "Every strategy uses the same probe (2 warm-up steps, 1 measured step, 1 timed "
             "step; 2 micro batches a step), so the differences are the search policy's.",
-            "### Summary over all limits",
+            f"### Summary over all limits (real runs on {', '.join(measured)})",
             markdown_table(
                 ["strategy", "exact M*", "median probes", "median steps", "total wall s"], summary
             ),
@@ -319,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                 ],
                 rows,
             ),
-            "### Replayed on the measured curves, every budget between consecutive sizes",
+            "### Replayed on the measured curves, every budget between consecutive sizes "
+            f"({', '.join(case.label for case in cases)})",
             markdown_table(
                 ["workload", "strategy", "exact", "median probes", "max probes", "mean probes"],
                 replay_rows,
