@@ -49,7 +49,7 @@ from tuner.core.errors import BadInputError
 from tuner.core.parallel import Parallel
 from tuner.core.plan import balanced_split
 from tuner.engine.backends import is_out_of_memory
-from tuner.engine.batching import Batch, batch_size_of, slice_batch, to_device
+from tuner.engine.batching import Batch, batch_size_of, batch_tensors, slice_batch, to_device
 from tuner.engine.parallel import check_parallel, parallelize, sync_context
 from tuner.engine.workload import Precision, Workload, autocast
 from tuner.train.collectives import (
@@ -178,6 +178,7 @@ class Accumulator:
         if self.precision == "fp16" and self.scaler is None:
             self.scaler = torch.amp.GradScaler(_device_of(self.model).type)
         self._sum_style: bool | None = None  # learned from the loss function's first result
+        self._running_stats = RunningStats.of(self.model)
         _warn_about_batchnorm(self.model)
 
     @classmethod
@@ -213,7 +214,7 @@ class Accumulator:
         samples = batch_size_of(batch)
         world = current_world()
         self._check_sync(world)
-        stats = RunningStats.capture(self.model) if self.recover_from_oom else None
+        stats = self._running_stats.capture() if self.recover_from_oom else None
         retries = 0
         while True:
             outcome = self._attempt(batch, self._split_for(samples), world)
@@ -252,6 +253,8 @@ class Accumulator:
         size = max(split)
         parts = _slices(batch, split)
         device = _device_of(self.model)
+        # One look at the whole batch instead of a copy call per tensor per micro batch.
+        on_device = all(t.device == device for _, t in batch_tensors(batch))
         # A mean is weighted by units counted before its backward; a (sum, count) loss
         # counts its own, and the gradient is divided by their total after the last one.
         counted = None if self._sum_style else [self._units(part) for part in parts]
@@ -283,12 +286,18 @@ class Accumulator:
                 watch = ForwardWatch(
                     zero_gradients=units == 0 and collective, keep=self.keep_outputs, part=part
                 )
-                with self._sync_context(index, len(parts), world), watch.around(self.model):
+                hooks = watch.around(self.model) if watch.needed else nullcontext(watch)
+                if not on_device:
+                    part = to_device(part, device)
+                with self._sync_context(index, len(parts), world), hooks:
                     # Without units and with no collective in the backward, only the forward
                     # runs (it may hold collectives: FSDP's all-gather, DDP's buffers).
                     grad = units != 0 or collective
-                    with torch.set_grad_enabled(grad), self._autocast():
-                        loss = read_loss(self.loss_fn(self.model, to_device(part, device)))
+                    with (
+                        torch.set_grad_enabled(grad) if not grad else nullcontext(),
+                        autocast(self.precision, device.type),
+                    ):
+                        loss = read_loss(self.loss_fn(self.model, part))
                     self._learn_style(loss.count is not None)
                     if loss.count is not None:
                         losses.append((loss.value.detach(), 1, loss.count))
@@ -434,9 +443,6 @@ class Accumulator:
         if self.loss_units is None:
             return batch_size_of(part)
         return count_units(self.loss_units(part))
-
-    def _autocast(self) -> AbstractContextManager[Any]:
-        return autocast(self.precision, _device_of(self.model).type)
 
     def _sync_context(self, index: int, count: int, world: World) -> AbstractContextManager[Any]:
         if self.parallel is not None and self.parallel.distributed:

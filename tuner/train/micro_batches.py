@@ -38,7 +38,8 @@ class LossValue:
 def read_loss(result: object) -> LossValue:
     """The loss function's result as a mean or as ``(sum, count)``; anything else is refused."""
     if isinstance(result, torch.Tensor) and result.numel() == 1:
-        return LossValue(result.reshape(()), None)
+        # A view only when needed: each is one more node in the backward.
+        return LossValue(result if result.dim() == 0 else result.reshape(()), None)
     if (
         isinstance(result, tuple | list)
         and len(result) == 2

@@ -36,19 +36,30 @@ class OptimizerOutOfMemoryError(torch.OutOfMemoryError):
 
 @dataclass
 class RunningStats:
-    """Copies of the running statistics of every normalization layer in training mode."""
+    """The running statistics of every normalization layer that tracks them, found once
+    (a model's layers do not change between steps); :meth:`capture` copies them."""
 
-    saved: list[tuple[torch.Tensor, torch.Tensor]]
+    buffers: list[tuple[nn.Module, torch.Tensor]]
 
     @classmethod
-    def capture(cls, model: nn.Module) -> RunningStats:
-        saved = [
-            (buffer, buffer.detach().clone())
-            for module in model.modules()
-            if isinstance(module, _NormBase) and module.track_running_stats and module.training
-            for buffer in module.buffers(recurse=False)
-        ]
-        return cls(saved)
+    def of(cls, model: nn.Module) -> RunningStats:
+        return cls(
+            [
+                (module, buffer)
+                for module in model.modules()
+                if isinstance(module, _NormBase) and module.track_running_stats
+                for buffer in module.buffers(recurse=False)
+            ]
+        )
+
+    def capture(self) -> SavedStats:
+        # Only layers in training mode update their statistics.
+        return SavedStats([(b, b.detach().clone()) for m, b in self.buffers if m.training])
+
+
+@dataclass
+class SavedStats:
+    saved: list[tuple[torch.Tensor, torch.Tensor]]
 
     def restore(self) -> None:
         with torch.no_grad():
