@@ -94,6 +94,10 @@ class Workload(Base):
     # none, ddp or fsdp: part of the key when not none, so one name may have a workload
     # of each mode; a question that names the mode picks among them.
     parallel_mode: Mapped[str] = mapped_column(String(8), default="none", server_default="none")
+    # The length every sample has, when built for one (migration 0009); workloads that
+    # differ only in length share a family, which answers for lengths nobody profiled.
+    seq_len: Mapped[int | None] = mapped_column(Integer)
+    length_family: Mapped[str | None] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -80,8 +80,17 @@ def upsert_workload(
         "activation_checkpointing": info.activation_checkpointing,
         "parameter_count": info.parameter_count,
         "optimizer": info.optimizer,
+        "seq_len": info.seq_len,
+        "length_family": info.length_family,
     }
-    return _get_or_insert(session, models.Workload, key, values)
+    workload = _get_or_insert(session, models.Workload, key, values)
+    if workload.length_family is None and info.length_family is not None:
+        # Profiled at this length alone before, now as one length of a family: the same
+        # key (the same shapes), which joins the family from here on.
+        workload.length_family = info.length_family
+        workload.seq_len = info.seq_len
+        mark_changed(session)
+    return workload
 
 
 def create_device(session: Session, body: DeviceCreate) -> tuple[models.Device, bool]:
@@ -365,6 +374,10 @@ class _WorkloadColumns(Protocol):
     def parameter_count(self) -> int: ...
     @property
     def optimizer(self) -> str: ...
+    @property
+    def seq_len(self) -> int | None: ...
+    @property
+    def length_family(self) -> str | None: ...
 
 
 def workload_info(workload: _WorkloadColumns) -> results.WorkloadInfo:
@@ -376,6 +389,8 @@ def workload_info(workload: _WorkloadColumns) -> results.WorkloadInfo:
         activation_checkpointing=workload.activation_checkpointing,
         parameter_count=workload.parameter_count,
         optimizer=workload.optimizer,
+        seq_len=workload.seq_len,
+        length_family=workload.length_family,
     )
 
 

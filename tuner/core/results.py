@@ -163,6 +163,17 @@ class WorkloadInfo(_Frozen):
     activation_checkpointing: bool
     parameter_count: int
     optimizer: str
+    seq_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="the sequence length every sample has, when the workload was built "
+        "for one (part of the workload key through the input shapes)",
+    )
+    length_family: str | None = Field(
+        default=None,
+        description="shared by the workloads that differ only in sequence length: the "
+        "key of that family, which answers for lengths between and near the measured ones",
+    )
 
 
 class DeviceInfo(_Frozen):
