@@ -116,6 +116,8 @@ class _Workload(NamedTuple):
     precision: str
     optimizer: str
     activation_checkpointing: bool
+    seq_len: int | None
+    length_family: str | None
 
 
 _WORKLOAD_COLUMNS = (
@@ -128,6 +130,8 @@ _WORKLOAD_COLUMNS = (
     _W.precision,
     _W.optimizer,
     _W.activation_checkpointing,
+    _W.seq_len,
+    _W.length_family,
 )
 
 
