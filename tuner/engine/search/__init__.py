@@ -8,6 +8,7 @@ workload whose memory grows with the batch they return the same exact ``M*``.
 from __future__ import annotations
 
 from tuner.engine.search.core import ProbeFn, SearchOutcome, SearchRecorder
+from tuner.engine.search.hinted import hinted_search
 from tuner.engine.search.strategies import STRATEGIES, bisect_search, model_search, run_search
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "SearchOutcome",
     "SearchRecorder",
     "bisect_search",
+    "hinted_search",
     "model_search",
     "run_search",
 ]

@@ -73,6 +73,19 @@ def search_with_model(
     search = SearchRecorder(probe, cap)
     if not search.run(1).fits or cap == 1:
         return search.outcome()
+    return continue_with_model(search, budget_bytes=budget_bytes, rules=rules)
+
+
+def continue_with_model(
+    search: SearchRecorder, *, budget_bytes: int, rules: ModelRules | None = None
+) -> SearchOutcome:
+    """The model search's rules from the bracket ``search`` holds, until it settles.
+
+    ``search`` must hold a size that fits (``lo ≥ 1``): every aim starts from it.
+    """
+    if search.lo < 1 and not search.settled:
+        raise ValueError("the model search continues from a size that fits")
+    rules = rules or ModelRules()
     slow_aims = 0
     while not search.settled:
         lo, width, was_open = search.lo, search.hi - search.lo, search.hi > search.cap
