@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -60,35 +60,44 @@ async def get_recommendation(request: Request) -> Response:
     generation = current_generation(request)
     answer = cache.get(key, generation)
     if answer is None:
-        query = parse_query(request, RecommendationQuery)
-        reader: DirectReader = request.app.state.reader
-        if reader.inline:
-            public = reader.run(
-                lambda connection: store.recommend_on(
-                    connection, reader.dialect, query, now=utcnow()
-                )
-            )
-        else:
-            db: Database = request.app.state.db
-
-            def compute() -> RecommendationPublic:
-                with db.session() as session:
-                    return store.recommend(session, query, now=utcnow())
-
-            public = await run_in_threadpool(compute)
-        answer = Answer.of(public)
-        # Read before the store was, so a write in between only makes the answer newer
-        # than its generation, and the next request (seeing the new one) computes afresh.
-        cache.put(key, generation, answer)
+        answer = await computed_answer(
+            request.app.state, parse_query(request, RecommendationQuery), key, generation
+        )
     return Response(answer.body(), media_type="application/json")
 
 
+async def computed_answer(
+    state: Any, query: RecommendationQuery, key: bytes, generation: int
+) -> Answer:
+    """The answer to ``query`` from the store, kept for ``generation`` under ``key``."""
+    reader: DirectReader = state.reader
+    if reader.inline:
+        public = reader.run(
+            lambda connection: store.recommend_on(connection, reader.dialect, query, now=utcnow())
+        )
+    else:
+        db: Database = state.db
+
+        def compute() -> RecommendationPublic:
+            with db.session() as session:
+                return store.recommend(session, query, now=utcnow())
+
+        public = await run_in_threadpool(compute)
+    answer = Answer.of(public)
+    # Read before the store was, so a write in between only makes the answer newer than
+    # its generation, and the next request (seeing the new one) computes afresh.
+    cache: GenerationCache[Answer] = state.recommendations
+    cache.put(key, generation, answer)
+    return answer
+
+
 class CachedAnswers:
-    """ASGI middleware: a recommendation already answered for this store generation, asked
-    with a token already checked, is sent from here, without the framework's routing,
-    dependencies and exception layers (half the time of even a bare FastAPI endpoint).
-    Anything else, and anything unusual, goes on to the route, which answers it in full
-    and fills the cache; what the client receives is the same either way.
+    """ASGI middleware: a recommendation asked with a token already checked is answered
+    from here, without the framework's routing, dependencies and exception layers (half
+    the time of even a bare FastAPI endpoint): from the cache when it was answered for this
+    store generation, else computed and cached. Anything else, and anything unusual (no
+    token, a cookie, a query that does not parse, a question the store refuses), goes on to
+    the route, which answers it in full; what the client receives is the same either way.
     """
 
     def __init__(self, app: ASGIApp, *, path: str) -> None:
@@ -97,7 +106,7 @@ class CachedAnswers:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == self.path and scope["method"] == "GET":
-            body = self._cached(scope)
+            body = await self._answer(scope)
             if body is not None:
                 await send(
                     {
@@ -113,7 +122,25 @@ class CachedAnswers:
                 return
         await self.app(scope, receive, send)
 
-    def _cached(self, scope: Scope) -> bytes | None:
+    async def _answer(self, scope: Scope) -> bytes | None:
+        generation = self._checked_generation(scope)
+        if generation is None:
+            return None
+        state = scope["app"].state
+        cache: GenerationCache[Answer] = state.recommendations
+        key: bytes = scope["query_string"]
+        answer = cache.get(key, generation)
+        if answer is None:
+            try:
+                query = parse_query(Request(scope), RecommendationQuery)
+                answer = await computed_answer(state, query, key, generation)
+            except Exception:
+                return None  # the route meets the same trouble and answers it properly
+        return answer.body()
+
+    def _checked_generation(self, scope: Scope) -> int | None:
+        """The store's generation, when the request may read and the route need not say
+        anything about its token; ``None`` sends it on to the route."""
         state = scope["app"].state
         # The first of each header, as the route reads them.
         authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
@@ -122,7 +149,7 @@ class CachedAnswers:
             if has_cookie or not state.settings.public_reads:
                 return None  # the route reads the dashboard's cookie, or says what is missing
         try:
-            generation = state.reader.generation()
+            generation: int = state.reader.generation()
             scope.setdefault("state", {})["generation"] = generation  # the route's, if it goes on
             if authorization is not None:
                 token = bearer_token(authorization.decode("latin-1"))
@@ -131,6 +158,4 @@ class CachedAnswers:
                     return None
         except Exception:
             return None  # the route will meet the same trouble and answer it properly
-        cache: GenerationCache[Answer] = state.recommendations
-        answer = cache.get(scope["query_string"], generation)
-        return answer.body() if answer is not None else None
+        return generation
