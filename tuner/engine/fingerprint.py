@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from tuner.core.errors import WorkloadError
 from tuner.engine.backends.base import Backend
 from tuner.engine.batching import batch_tensors
 from tuner.engine.workload import Workload
@@ -56,6 +57,62 @@ def workload_key(workload: Workload, optimizer: torch.optim.Optimizer) -> str:
 
 def device_key(backend: Backend) -> str:
     return stable_key(backend.key_fields())
+
+
+LENGTH = "S"  # what a value that changes with the sequence length is written as
+
+
+def length_family_key(documents: Sequence[Mapping[str, Any]]) -> str:
+    """The key shared by one workload built at different sequence lengths.
+
+    ``documents`` are :func:`workload_document` of the workload at two or more lengths.
+    Every value that differs between them (the length in the input shapes, a position
+    table's rows, a module's ``extra_repr`` that names the length) is written ``"S"``;
+    every other value stays, so a model of another width or depth gets another key. The
+    same workload at 256 and 512 and later at 1024 and 2048 gets the same key.
+    """
+    if len(documents) < 2:
+        raise WorkloadError("a length family needs the workload at two or more lengths")
+    merged = _merge_lengths(list(documents), "")
+    if stable_key(merged) == stable_key(documents[0]):
+        raise WorkloadError(
+            "the workload is the same at every seq_len: the factory must build its batches "
+            "(and model) for the seq_len it is given"
+        )
+    return stable_key({"family": "seq_len", "workload": merged})
+
+
+def _merge_lengths(values: list[Any], path: str) -> Any:
+    """``values`` (one per length) merged: equal leaves kept, differing ones ``"S"``."""
+    first = values[0]
+    if isinstance(first, Mapping):
+        if any(not isinstance(v, Mapping) or v.keys() != first.keys() for v in values):
+            raise _structure_changes(path, "its keys differ")
+        return {key: _merge_lengths([v[key] for v in values], f"{path}/{key}") for key in first}
+    if isinstance(first, list | tuple):
+        if any(not isinstance(v, list | tuple) or len(v) != len(first) for v in values):
+            raise _structure_changes(path, "its length differs")
+        return [
+            _merge_lengths([v[i] for v in values], _item_path(path, first, i))
+            for i in range(len(first))
+        ]
+    if any(isinstance(v, Mapping | list | tuple) for v in values):
+        raise _structure_changes(path, "a value becomes a list or a mapping")
+    return first if all(v == first for v in values[1:]) else LENGTH
+
+
+def _item_path(path: str, items: Sequence[Any], index: int) -> str:
+    # Rows of modules, parameters and inputs start with their name: say it, not its index.
+    item = items[index]
+    named = isinstance(item, list | tuple) and item and isinstance(item[0], str)
+    return f"{path}/{item[0] if named else index}"
+
+
+def _structure_changes(path: str, what: str) -> WorkloadError:
+    return WorkloadError(
+        f"the model's structure changes with seq_len: at {path or 'the top'} {what}; "
+        "profile each length on its own (-o seq_len=N)"
+    )
 
 
 def _module_tree(model: nn.Module) -> list[list[str]]:

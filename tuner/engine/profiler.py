@@ -24,7 +24,7 @@ from tuner.engine.backends import Backend, storage_bytes
 from tuner.engine.fingerprint import device_key, workload_key
 from tuner.engine.parallel import check_parallel
 from tuner.engine.probe import Prober
-from tuner.engine.search import STRATEGIES, SearchOutcome, run_search
+from tuner.engine.search import STRATEGIES, SearchOutcome, hinted_search, run_search
 from tuner.engine.workload import Workload
 
 DEFAULT_HEADROOM = 0.05
@@ -61,8 +61,13 @@ def profile_workload(
     settings: ProbeSettings | None = None,
     observer: ProbeObserver | None = None,
     world_size: int = 1,
+    guess: int | None = None,
 ) -> Profile:
     """Find the largest micro batch of ``workload`` that fits ``backend`` with ``headroom``.
+
+    ``guess`` (a predicted ``M*``, e.g. from the same workload at other sequence lengths)
+    starts the model search there (:func:`tuner.engine.search.hinted_search`); the answer
+    is as exact as without it. ``bisect`` and distributed searches do not take one.
 
     The user's model, optimizer, RNG and train/eval flags are left as they were. When even
     one sample does not fit, the profile says so (``max_micro_batch_size == 0``) and, on a
@@ -112,9 +117,14 @@ def profile_workload(
                 observer.probe_finished(result)
             return result
 
-        outcome = run_search(
-            strategy, observed_probe, cap=size_cap, budget_bytes=prober.budget_bytes
-        )
+        if guess is not None and strategy == "model":
+            outcome = hinted_search(
+                observed_probe, cap=size_cap, budget_bytes=prober.budget_bytes, guess=guess
+            )
+        else:
+            outcome = run_search(
+                strategy, observed_probe, cap=size_cap, budget_bytes=prober.budget_bytes
+            )
         oversize = None
         if outcome.max_micro_batch_size == 0 and outcome.probes[0].oom and backend.kind == "cpu":
             oversize = prober(1, enforce_capacity=False)
@@ -135,7 +145,9 @@ def profile_workload(
 
 
 def workload_info(workload: Workload, optimizer: torch.optim.Optimizer) -> WorkloadInfo:
-    """What a person reads about the workload (FSDP's shards count whole)."""
+    """What a person reads about the workload (FSDP's shards count whole); its sequence
+    length when it was loaded with one (``-o seq_len=N``)."""
+    seq_len = workload.options.get("seq_len")
     return WorkloadInfo(
         name=workload.name,
         target=workload.target,
@@ -143,6 +155,7 @@ def workload_info(workload: Workload, optimizer: torch.optim.Optimizer) -> Workl
         activation_checkpointing=workload.activation_checkpointing,
         parameter_count=sum(p.numel() for p in workload.model.parameters()),
         optimizer=type(optimizer).__name__,
+        seq_len=seq_len if type(seq_len) is int and seq_len >= 1 else None,
     )
 
 

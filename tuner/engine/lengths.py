@@ -1,0 +1,182 @@
+"""Profile one workload at several sequence lengths in one search, each length aimed by
+the lengths before it.
+
+Lengths are profiled shortest first. The first is a plain search. Each later one starts
+from a predicted ``M*`` (:func:`tuner.engine.search.hinted_search`), so a good guess costs
+two probes:
+
+- after one length ``s₀`` with answer ``M₀``: the bytes per sample above the resident
+  weights, gradients and optimizer state ``R`` grow with the length,
+  ``per_sample(s) = (peak(M₀) − R) / M₀ · s / s₀``, and ``M* ≈ ⌊(budget − R) / per_sample(s)⌋``;
+- after two or more: the fit ``peak(m, s) ≈ a₀ + a₁·s + b·m·s + c·m·s²`` through their
+  probes near the boundary (:mod:`tuner.core.lengths`),
+  ``M* ≈ ⌊(budget − peak(0, s)) / (b·s + c·s²)⌋``.
+
+The guess aims at the prediction itself, without the margin an estimate keeps: a guess one
+too high costs nothing (it fails, ``M* = guess − 1`` fits: two probes) while one too low
+costs more (``guess + 1`` fits too, and the search goes on). It never exceeds a shorter
+length's ``M*``: a longer sequence never fits more.
+
+Every profile is the workload's own at its length (its own workload key), with
+``workload.seq_len`` and the ``workload.length_family`` they share
+(:func:`tuner.engine.fingerprint.length_family_key`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from tuner.core.errors import BadInputError, WorkloadError
+from tuner.core.lengths import fit_length_profiles
+from tuner.core.results import ProbeSettings, Profile
+from tuner.engine.backends import Backend
+from tuner.engine.fingerprint import length_family_key, workload_document
+from tuner.engine.profiler import (
+    DEFAULT_HEADROOM,
+    DEFAULT_SIZE_CAP,
+    ProbeObserver,
+    profile_workload,
+)
+from tuner.engine.workload import Workload, load_workload
+
+LengthObserver = Callable[[int], AbstractContextManager[ProbeObserver | None]]
+
+
+def check_seq_lens(seq_lens: Iterable[Any]) -> list[int]:
+    """The distinct lengths, shortest first; refused unless two or more positive ints."""
+    lengths: set[int] = set()
+    for seq_len in seq_lens:
+        if type(seq_len) is not int or seq_len < 1:
+            raise BadInputError(
+                f"sequence length {seq_len!r} is not a positive whole number: give lengths "
+                "like 256,512,1024"
+            )
+        lengths.add(seq_len)
+    if len(lengths) < 2:
+        raise BadInputError(
+            "give two or more different sequence lengths (e.g. 256,512,1024); for one "
+            "length profile it alone with -o seq_len=N"
+        )
+    return sorted(lengths)
+
+
+def target_builder(target: str, options: Mapping[str, object]) -> Callable[[int], Workload]:
+    """Loads ``target`` with ``seq_len=s`` added to ``options``, once its factory is known to
+    take ``seq_len``."""
+    if "seq_len" in options:
+        raise BadInputError(
+            "give the lengths once: --seq-lens profiles each of them, so leave out -o seq_len="
+        )
+    if not _takes_seq_len(target):
+        raise WorkloadError(
+            f"{target} takes no seq_len option: give its factory a seq_len keyword that sets "
+            "the length of every sample, or profile without --seq-lens"
+        )
+
+    def build(seq_len: int) -> Workload:
+        return load_workload(target, {**options, "seq_len": seq_len})
+
+    return build
+
+
+def _takes_seq_len(target: str) -> bool:
+    module_name, _, attr = target.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+        parameters = inspect.signature(factory).parameters.values()
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return True  # not loadable: load_workload says what is wrong, in its own words
+    return any(p.name == "seq_len" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def profile_lengths(
+    build: Callable[[int], Workload],
+    seq_lens: Iterable[int],
+    backend: Backend,
+    *,
+    headroom: float = DEFAULT_HEADROOM,
+    strategy: str = "model",
+    size_cap: int = DEFAULT_SIZE_CAP,
+    settings: ProbeSettings | None = None,
+    observe: LengthObserver | None = None,
+    world_size: int = 1,
+) -> list[Profile]:
+    """One profile per length of ``build(seq_len)``, shortest first, linked as a family.
+
+    ``observe(seq_len)`` (optional) gives the observer of that length's probes, as a
+    context entered around its search (the CLI's live display). With ``strategy="bisect"``
+    every length bisects from 1 and no guess is used.
+    """
+    lengths = check_seq_lens(seq_lens)
+    documents: list[dict[str, Any]] = []
+    profiles: list[Profile] = []
+    for seq_len in lengths:
+        workload = build(seq_len)
+        if workload.parallel.distributed:
+            raise BadInputError(
+                f"{workload.name} is declared {workload.parallel.mode}: profile each length "
+                "on its own (-o seq_len=N) with --world-size"
+            )
+        documents.append(workload_document(workload, workload.build_optimizer()))
+        if len(documents) > 1:  # before probing: a length that cannot join costs nothing
+            length_family_key(documents)
+        guess = guess_max_micro_batch(profiles, seq_len) if profiles else None
+        with observe(seq_len) if observe is not None else nullcontext() as observer:
+            profile = profile_workload(
+                workload,
+                backend,
+                headroom=headroom,
+                strategy=strategy,
+                size_cap=size_cap,
+                settings=settings,
+                observer=observer,
+                world_size=world_size,
+                guess=guess,
+            )
+        profiles.append(_at_length(profile, seq_len, None))
+    family = length_family_key(documents)
+    return [_at_length(p, length, family) for p, length in zip(profiles, lengths, strict=True)]
+
+
+def guess_max_micro_batch(profiles: Sequence[Profile], seq_len: int) -> int:
+    """The predicted ``M*`` at ``seq_len`` from profiles at shorter lengths (each carrying
+    its ``workload.seq_len``); the formulas are in the module's docstring."""
+    found = [p for p in profiles if p.max_micro_batch_size >= 1]
+    if not found:
+        return 1  # nothing fit at a shorter length: probe 1 to say so at this one
+    bound = min(p.max_micro_batch_size for p in found)
+    budget = found[-1].budget_bytes
+    if len(found) >= 2:
+        fit = fit_length_profiles(found, [_seq_len(p) for p in found])
+        per_sample = fit.per_sample_bytes(seq_len)
+        if per_sample > 0:
+            return min(bound, int((budget - fit.predict(0, seq_len)) // per_sample))
+    return min(bound, _scaled_guess(found[-1], seq_len))
+
+
+def _scaled_guess(profile: Profile, seq_len: int) -> int:
+    """From one length: the bytes per sample above the resident parts, scaled by length
+    (the tokens per micro batch kept instead when the probe has no breakdown)."""
+    found, measured_len = profile.max_micro_batch_size, _seq_len(profile)
+    probe = profile.probe_at(found)
+    if probe is None or probe.footprint_bytes is None or probe.breakdown is None:
+        return found * measured_len // seq_len
+    resident = probe.breakdown.resident_bytes
+    per_sample = max(probe.footprint_bytes - resident, 1) / found * seq_len / measured_len
+    return int((profile.budget_bytes - resident) // per_sample)
+
+
+def _seq_len(profile: Profile) -> int:
+    seq_len = profile.workload.seq_len
+    if seq_len is None:
+        raise ValueError("a profile of the family must carry its seq_len")
+    return seq_len
+
+
+def _at_length(profile: Profile, seq_len: int, family: str | None) -> Profile:
+    workload = profile.workload.model_copy(update={"seq_len": seq_len, "length_family": family})
+    return profile.model_copy(update={"workload": workload})
