@@ -21,7 +21,7 @@ from api.schemas.profiles import ProfilePublic
 from api.store.profiles import fit_of, get_profile, get_workload, to_public
 from api.store.recommendation import newest_fit
 from tuner.core import plan
-from tuner.core.errors import BadInputError
+from tuner.core.errors import BadInputError, NotFoundError
 from tuner.core.results import AffineFit, ProbeResult
 
 SortKey = Literal["created", "mstar", "headroom", "workload", "device"]
@@ -189,12 +189,15 @@ def _at_max(profile: Any) -> ColumnElement[bool]:
     )
 
 
-def _superseded(profile: Any) -> Any:
+def _superseded(profile: Any, *, among_one_process: bool = False) -> Any:
+    """Whether a newer profile of the pair exists (of those at world size 1 only, with
+    ``among_one_process``)."""
     newer = aliased(models.Profile)
     return exists().where(
         newer.workload_id == profile.workload_id,
         newer.device_id == profile.device_id,
         newer.received_at > profile.received_at,
+        *([newer.world_size == 1] if among_one_process else []),
     )
 
 
@@ -609,6 +612,43 @@ def _estimated(
         footprint_bytes=round(fit.predict(estimate)) if estimate > 0 else None,
         source_device_name=source.device.name,
     )
+
+
+# Sequence-length families
+
+
+@dataclass(frozen=True)
+class LengthFamilyRows:
+    """A length family: one of its workloads (what the lengths share), and the newest
+    one-process profile of each of its workloads on each device, newest first."""
+
+    key: str
+    workload: models.Workload
+    profiles: list[models.Profile]
+
+
+def length_family(session: Session, key: str) -> LengthFamilyRows:
+    """The family's profiles at world size 1: one statement for the rows (workload and
+    device joined), one for their probes; one more only when none was profiled yet."""
+    members = select(_W.id).where(_W.length_family == key, _W.seq_len.is_not(None))
+    newest_in_one_process = ~_superseded(_P, among_one_process=True)
+    profiles = session.scalars(
+        select(_P)
+        .where(_P.workload_id.in_(members), _P.world_size == 1, newest_in_one_process)
+        .order_by(_P.received_at.desc(), _P.id.desc())
+    ).all()
+    workload = (
+        profiles[0].workload
+        if profiles
+        else session.scalar(
+            select(_W).where(_W.length_family == key).order_by(_W.seq_len, _W.id).limit(1)
+        )
+    )
+    if workload is None:
+        raise NotFoundError(
+            f"no sequence-length family {key!r}: a workload page links its family when it has one"
+        )
+    return LengthFamilyRows(key=key, workload=workload, profiles=list(profiles))
 
 
 # Jobs and workers

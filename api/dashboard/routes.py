@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.dashboard import queries
 from api.dashboard.blocks import block_bars
+from api.dashboard.lengths import by_device
 from api.dashboard.variants import variant_rows
 from api.dashboard.web import (
     STATIC,
@@ -85,6 +86,8 @@ class DashboardRoute(APIRoute):
 router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
 
 RowId = Annotated[int, PathParam(ge=1, le=INT32_MAX)]
+# As long as the store's column (models.Workload.length_family); longer names nothing.
+FamilyKey = Annotated[str, PathParam(min_length=1, max_length=64)]
 
 
 def install(app: FastAPI) -> None:
@@ -227,6 +230,25 @@ def workload_page(
         principal=principal,
         detail=detail,
         worlds=by_world,
+        now=_now(),
+    )
+
+
+@router.get("/families/{family_key}")
+def length_family_page(
+    request: Request, family_key: FamilyKey, db: DatabaseDep, principal: ReadAccess
+) -> Response:
+    """A sequence-length family: M* and tokens per micro batch against sequence length on
+    each device, measured and estimated."""
+    with db.session() as session:
+        family = queries.length_family(session, family_key)
+        devices = by_device(family.profiles)
+    return render(
+        request,
+        "family.html",
+        principal=principal,
+        family=family,
+        devices=devices,
         now=_now(),
     )
 
