@@ -21,6 +21,7 @@ from sqlalchemy import select
 from api import models
 from api.dashboard.format import fmt_int
 from api.db import Database
+from api.store.profiles import upsert_workload
 from tests.dashboard.conftest import Tab, signed_in
 from tests.dashboard.data import store
 from tests.dashboard.test_profiles_list import statements
@@ -203,6 +204,16 @@ def test_the_family_page_costs_the_same_statements_whatever_its_history(
     assert f'<td class="num">{by_length[16].max_micro_batch_size}</td>' in response.text
     # The token (unless just checked), the newest profiles with workload and device, probes.
     assert len(seen) <= 3, seen
+
+
+def test_a_family_registered_but_never_profiled_in_one_process_says_so(
+    tab: Tab, database: Database, reader: str, by_length: dict[int, Profile]
+) -> None:
+    with database.session(write=True) as session:
+        upsert_workload(session, by_length[16].workload_key, by_length[16].workload)
+    page = signed_in(tab, reader).open(f"/families/{FAMILY}")
+    assert "none has a profile at world size 1" in page.locator("#family-empty").inner_text()
+    assert page.locator("[data-estimate-chart]").count() == 0
 
 
 def test_an_unknown_family_is_a_404_page(tab: Tab, reader: str) -> None:
