@@ -108,7 +108,9 @@ def test_lengths_are_distinct_and_shortest_first() -> None:
 
 def test_the_target_must_take_seq_len_and_get_it_only_once() -> None:
     with pytest.raises(WorkloadError, match="takes no seq_len option"):
-        target_builder("examples.mlp:workload", {})
+        target_builder("examples.mlp:workload", {})(16)
+    with pytest.raises(WorkloadError, match="cannot import"):
+        target_builder("no_such_module:workload", {})(16)
     with pytest.raises(BadInputError, match="leave out -o seq_len="):
         target_builder(GPT, {"seq_len": 64})
     assert target_builder(GPT, SMALL)(24).options["seq_len"] == 24

@@ -65,20 +65,23 @@ def check_seq_lens(seq_lens: Iterable[Any]) -> list[int]:
 
 
 def target_builder(target: str, options: Mapping[str, object]) -> Callable[[int], Workload]:
-    """Loads ``target`` with ``seq_len=s`` added to ``options``, once its factory is known to
-    take ``seq_len``."""
+    """Loads ``target`` with ``seq_len=s`` added to ``options``."""
     if "seq_len" in options:
         raise BadInputError(
             "give the lengths once: --seq-lens profiles each of them, so leave out -o seq_len="
         )
-    if not _takes_seq_len(target):
-        raise WorkloadError(
-            f"{target} takes no seq_len option: give its factory a seq_len keyword that sets "
-            "the length of every sample, or profile without --seq-lens"
-        )
 
     def build(seq_len: int) -> Workload:
-        return load_workload(target, {**options, "seq_len": seq_len})
+        try:
+            return load_workload(target, {**options, "seq_len": seq_len})
+        except WorkloadError:
+            # Asked once load_workload has imported the target (from the current folder).
+            if not _takes_seq_len(target):
+                raise WorkloadError(
+                    f"{target} takes no seq_len option: give its factory a seq_len keyword "
+                    "that sets the length of every sample, or profile without --seq-lens"
+                ) from None
+            raise
 
     return build
 
@@ -89,7 +92,7 @@ def _takes_seq_len(target: str) -> bool:
         factory = getattr(importlib.import_module(module_name), attr)
         parameters = inspect.signature(factory).parameters.values()
     except (ImportError, AttributeError, TypeError, ValueError):
-        return True  # not loadable: load_workload says what is wrong, in its own words
+        return True  # not loadable: load_workload's own message says what is wrong
     return any(p.name == "seq_len" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 

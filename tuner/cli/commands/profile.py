@@ -18,6 +18,7 @@ from tuner.cli.commands._args import (
     memory,
     positive_int,
 )
+from tuner.cli.commands._lengths import run_lengths, seq_lens
 from tuner.core.errors import BadInputError, TunerError
 
 if TYPE_CHECKING:
@@ -112,6 +113,14 @@ def add_parser(commands: Any) -> None:
         "(default: on by itself when M* < 4 or nothing fits)",
     )
     profile.add_argument(
+        "--seq-lens",
+        type=seq_lens,
+        default=None,
+        metavar="S1,S2,...",
+        help="profile at each sequence length (the factory's seq_len option), later lengths "
+        "aimed by the earlier ones; stores a profile per length as one family",
+    )
+    profile.add_argument(
         "--json", action="store_true", help="print one JSON object on stdout; messages go to stderr"
     )
     profile.add_argument(
@@ -127,6 +136,8 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     if args.global_batch_size is not None:
         # Refused before importing torch, which alone takes a second or two.
         per_rank_batch(args.global_batch_size, args.world_size)
+    if args.seq_lens is not None:
+        return run_lengths(args, stderr)
 
     # torch is imported here, not at module level, so `tuner --help` stays fast.
     import torch
@@ -177,14 +188,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     except TunerError:
         raise
     except Exception:
-        stderr.print_exception(max_frames=20)
-        stderr.print(
-            f"tuner profile: {args.target} raised an error that is not an out-of-memory; "
-            "fix the workload and run again",
-            highlight=False,
-            markup=False,
-        )
-        return EXIT_FAILED
+        return workload_failed(stderr, args.target)
 
     found = profile.max_micro_batch_size
     recommendation = None
@@ -229,22 +233,50 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         print_profile(out, profile, shown, world_size=args.world_size, advice=advice)
         if exploration is not None:
             print_exploration(out, exploration)
-    if client is not None and uploaded is not None:
-        (stderr if args.json else Console()).print(
-            f"uploaded as profile {uploaded} to {client.url}", highlight=False, soft_wrap=True
-        )
-    if upload_error is not None:
-        stderr.print(
-            f"tuner profile: the profile was not uploaded: {upload_error.message}",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
+    stored = f"profile {uploaded}" if client is not None and uploaded is not None else None
+    if not report_upload(stderr, client, stored, upload_error, "the profile was", args.json):
         return EXIT_FAILED
     if not found:
         stderr.print(nothing_fits_advice(profile, workload), highlight=False, markup=False)
         return EXIT_NOTHING_FITS
     return EXIT_OK
+
+
+def report_upload(
+    stderr: Console,
+    client: Any,
+    stored: str | None,
+    error: TunerError | None,
+    subject: str,
+    json_output: bool,
+) -> bool:
+    """Say where the profiles went (``stored``: "profile 3") or that ``subject`` ("the
+    profile was") was not uploaded; False when the upload failed."""
+    if client is not None and stored is not None:
+        (stderr if json_output else Console()).print(
+            f"uploaded as {stored} to {client.url}", highlight=False, soft_wrap=True
+        )
+    if error is None:
+        return True
+    stderr.print(
+        f"tuner profile: {subject} not uploaded: {error.message}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    return False
+
+
+def workload_failed(stderr: Console, target: str) -> int:
+    """Inside ``except``: the workload's own traceback, then what to do."""
+    stderr.print_exception(max_frames=20)
+    stderr.print(
+        f"tuner profile: {target} raised an error that is not an out-of-memory; "
+        "fix the workload and run again",
+        highlight=False,
+        markup=False,
+    )
+    return EXIT_FAILED
 
 
 def _short_memory_advice(profile: Profile, plan: Any, workload: Any) -> list[str]:

@@ -1,0 +1,243 @@
+"""``tuner profile TARGET --seq-lens 256,512,1024``: one workload at several sequence
+lengths in one search (:func:`tuner.engine.lengths.profile_lengths`), a profile per length
+stored as one family, and the fit across lengths that answers the lengths between."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tuner.cli.commands._args import EXIT_FAILED, EXIT_NOTHING_FITS, EXIT_OK
+from tuner.core.errors import BadInputError, TunerError
+from tuner.core.lengths import EXTRAPOLATION, SHORTEST_FRACTION, LengthFit, fit_length_profiles
+from tuner.core.units import format_bytes
+
+if TYPE_CHECKING:
+    from tuner.cli.display import LiveProgress
+    from tuner.core.plan import Recommendation
+    from tuner.core.results import Profile
+
+
+def seq_lens(text: str) -> list[int]:
+    """``256,512,1024`` as whole numbers (checked positive and distinct before probing)."""
+    lengths = []
+    for part in text.split(","):
+        try:
+            lengths.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{part.strip()!r} is not a whole number: give lengths like 256,512,1024"
+            ) from None
+    return lengths
+
+
+def check_combinations(args: argparse.Namespace) -> None:
+    """What --seq-lens does not combine with, refused before anything loads."""
+    if args.explore:
+        raise BadInputError(
+            "--seq-lens profiles the workload as loaded at each length: leave out --explore "
+            "(explore its variants at one length with -o seq_len=N)"
+        )
+    if args.parallel not in (None, "none") or args.parallel_option:
+        raise BadInputError(
+            "--seq-lens measures one process: leave out --parallel and --parallel-option "
+            "(profile each length under DDP or FSDP with -o seq_len=N)"
+        )
+
+
+def run_lengths(args: argparse.Namespace, stderr: Console) -> int:
+    """Profile, store, print; the exit status follows ``tuner profile``'s."""
+    check_combinations(args)
+
+    import torch  # here, not at module level: `tuner --help` stays fast
+
+    from tuner.cli.commands.profile import report_upload, workload_failed
+    from tuner.cli.display import LiveProgress
+    from tuner.client import TunerClient
+    from tuner.core.plan import recommend
+    from tuner.core.results import ProbeSettings
+    from tuner.engine.backends import make_backend
+    from tuner.engine.lengths import check_seq_lens, profile_lengths, target_builder
+    from tuner.engine.profiler import nothing_fits_advice
+    from tuner.engine.workload import parse_options
+
+    lengths = check_seq_lens(args.seq_lens)
+    build = target_builder(args.target, parse_options(args.option))
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    backend = make_backend(device, memory_limit_bytes=args.memory_limit)
+    client = TunerClient() if args.upload else None  # before probing: a missing URL costs none
+
+    def observe(seq_len: int) -> LiveProgress:
+        stderr.print(f"seq_len {seq_len}: profiling ...", highlight=False)
+        return LiveProgress(stderr)
+
+    try:
+        profiles = profile_lengths(
+            build,
+            lengths,
+            backend,
+            headroom=args.headroom,
+            strategy=args.strategy,
+            size_cap=args.size_cap,
+            settings=ProbeSettings(warmup_steps=args.warmup_steps),
+            observe=observe,
+            world_size=args.world_size,
+        )
+    except TunerError:
+        raise
+    except Exception:
+        return workload_failed(stderr, args.target)
+
+    plans: list[Recommendation | None] = [
+        recommend(
+            max_micro_batch_size=p.max_micro_batch_size,
+            probes=p.probes,
+            global_batch_size=args.global_batch_size,
+            world_size=args.world_size,
+        )
+        if p.max_micro_batch_size and args.global_batch_size is not None
+        else None
+        for p in profiles
+    ]
+    fit, no_fit = _fit(profiles)
+    uploaded: list[int] = []
+    upload_error = None
+    if client is not None:
+        with client:
+            try:
+                uploaded = [client.upload_profile(p).id for p in profiles]
+            except TunerError as exc:
+                upload_error = exc  # the profiles are still printed: the probing is kept
+    if args.json:
+        document = _document(profiles, plans, fit, uploaded)
+        sys.stdout.write(json.dumps(document) + "\n")
+    else:
+        print_lengths(Console(), profiles, plans, fit, no_fit, stored=bool(uploaded))
+    stored = f"profiles {', '.join(map(str, uploaded))}" if uploaded else None
+    if not report_upload(stderr, client, stored, upload_error, "the profiles were", args.json):
+        return EXIT_FAILED
+    if not any(p.max_micro_batch_size for p in profiles):
+        shortest = profiles[0]
+        stderr.print(
+            nothing_fits_advice(shortest, build(shortest.workload.seq_len or lengths[0])),
+            highlight=False,
+            markup=False,
+        )
+        return EXIT_NOTHING_FITS
+    return EXIT_OK
+
+
+def _fit(profiles: list[Profile]) -> tuple[LengthFit | None, str]:
+    """The fit across the lengths, or why there is none (too few lengths where any fits)."""
+    measured = [p for p in profiles if p.max_micro_batch_size]
+    if len(measured) < 2:
+        return None, "it needs two or more lengths at which a micro batch fits"
+    try:
+        return fit_length_profiles(measured, [p.workload.seq_len or 0 for p in measured]), ""
+    except BadInputError as exc:
+        return None, exc.message
+
+
+def print_lengths(
+    console: Console,
+    profiles: list[Profile],
+    plans: list[Recommendation | None],
+    fit: LengthFit | None,
+    no_fit: str,
+    *,
+    stored: bool,
+) -> None:
+    """The table per length, the fit, the family and how to ask for another length."""
+    console.print(lengths_table(profiles, plans))
+    if fit is not None:
+        console.print(
+            "fit       peak(m, s) ≈ a0 + a1·s + b·m·s + c·m·s² with "
+            f"a0 = {format_bytes(int(fit.fixed_bytes))}, a1 = {fit.fixed_per_token_bytes:,.1f} B, "
+            f"b = {fit.per_token_bytes:,.1f} B, c = {fit.per_token_pair_bytes:,.3f} B; "
+            f"within {fit.max_relative_error:.2%} of every peak near the boundary",
+            highlight=False,
+            soft_wrap=True,
+        )
+    else:
+        console.print(f"fit       none: {no_fit}", highlight=False, soft_wrap=True)
+    first, last = profiles[0], profiles[-1]
+    console.print(
+        f"family    {first.workload.length_family} (workload keys: "
+        f"{', '.join(p.workload_key for p in profiles)})\n"
+        f"device    {first.device.kind} {first.device.name} ({first.device_key})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    shortest, longest = first.workload.seq_len or 0, last.workload.seq_len or 0
+    console.print(
+        f"other lengths: tuner recommend --workload {last.workload_key} --device "
+        f"{first.device_key} --global-batch-size B --seq-len N (estimated from "
+        f"{int(shortest * SHORTEST_FRACTION)} to {int(longest * EXTRAPOLATION)}, measured at "
+        f"the lengths above{'' if stored else '; profile with --upload to store them'})",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def lengths_table(profiles: list[Profile], plans: list[Recommendation | None]) -> Table:
+    """One row per length: M*, tokens per micro batch, probes, peak at M*, the plan."""
+    table = Table(
+        title="Sequence lengths (measured)",
+        title_justify="left",
+        header_style="bold",
+        caption="M* 0: nothing fits; tokens: M* × seq_len; probes: this length's search "
+        "(later lengths start from the earlier ones' fit); peak: at M*",
+        caption_justify="left",
+    )
+    with_plans = any(plan is not None for plan in plans)
+    columns = ["seq_len", "M*", "tokens", "probes", "peak", *(["plan"] if with_plans else [])]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "plan" else "right")
+    for profile, plan in zip(profiles, plans, strict=True):
+        at_max = profile.probe_at(profile.max_micro_batch_size)
+        found = profile.max_micro_batch_size
+        row = [
+            str(profile.workload.seq_len),
+            str(found),
+            f"{found * (profile.workload.seq_len or 0):,}",
+            str(len(profile.probes)),
+            format_bytes(at_max.footprint_bytes) if at_max and at_max.footprint_bytes else "-",
+        ]
+        if with_plans:
+            row.append(plan.describe() if plan is not None else "-")
+        table.add_row(*row)
+    return table
+
+
+def _document(
+    profiles: list[Profile],
+    plans: list[Recommendation | None],
+    fit: LengthFit | None,
+    uploaded: list[int],
+) -> dict[str, Any]:
+    """``--json``: the family, the fit and every length's profile (with its plan and id)."""
+    documents = []
+    for index, (profile, plan) in enumerate(zip(profiles, plans, strict=True)):
+        document = profile.model_dump(mode="json")
+        document["seq_len"] = profile.workload.seq_len
+        document["tokens_per_micro_batch"] = profile.max_micro_batch_size * (
+            profile.workload.seq_len or 0
+        )
+        if plan is not None:
+            document["micro_batch_size"] = plan.micro_batch_size
+            document["grad_accum"] = plan.grad_accum
+            document["recommendation"] = plan.model_dump(mode="json")
+        if uploaded:
+            document["profile_id"] = uploaded[index]
+        documents.append(document)
+    return {
+        "length_family": profiles[0].workload.length_family,
+        "seq_lens": [p.workload.seq_len for p in profiles],
+        "fit": fit.model_dump(mode="json") if fit is not None else None,
+        "profiles": documents,
+    }
