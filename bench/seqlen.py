@@ -6,6 +6,11 @@ memory limit), fits ``peak(m, s) ≈ a₀ + a₁·s + b·m·s + c·m·s²`` thro
 between the measured ones, one beyond the longest), then profiles those lengths too and
 compares. Target: peak within 2%, ``M*`` exact or one below, never above.
 
+Then it profiles all of a case's lengths as ``tuner profile --seq-lens`` does
+(:func:`tuner.engine.lengths.profile_lengths`: shortest first, each later length aimed by
+the earlier ones) and counts the probes per length against a model search of each length
+alone, checking that both find the same ``M*``.
+
 Run: ``python bench/seqlen.py`` (a few minutes), or ``--quick`` for a smoke run that
 writes nothing.
 """
@@ -24,8 +29,9 @@ from tuner.core.lengths import estimate_length
 from tuner.core.results import Profile
 from tuner.core.units import format_bytes
 from tuner.engine.backends import make_backend
+from tuner.engine.lengths import profile_lengths
 from tuner.engine.profiler import profile_workload
-from tuner.engine.workload import load_workload
+from tuner.engine.workload import Workload, load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,13 +77,49 @@ QUICK_CASES = [
 ]
 
 
+def build(case: Case, seq_len: int) -> Workload:
+    return load_workload(case.target, {**case.options, "seq_len": seq_len})
+
+
 def profile_at(case: Case, seq_len: int) -> Profile:
-    workload = load_workload(case.target, {**case.options, "seq_len": seq_len})
-    return profile_workload(workload, make_backend("cpu", memory_limit_bytes=case.memory_limit))
+    backend = make_backend("cpu", memory_limit_bytes=case.memory_limit)
+    return profile_workload(build(case, seq_len), backend)
 
 
-def run_case(case: Case) -> list[list[str]]:
+def run_case(case: Case) -> tuple[list[list[str]], list[list[str]]]:
+    """The held-out rows, and the probes-per-length rows."""
     profiles = {s: profile_at(case, s) for s in (*case.measured, *case.held_out)}
+    return held_out_rows(case, profiles), probes_rows(case, profiles)
+
+
+def probes_rows(case: Case, alone: dict[int, Profile]) -> list[list[str]]:
+    """Every length of ``case`` profiled as ``--seq-lens`` does, against each length alone."""
+    family = profile_lengths(
+        lambda seq_len: build(case, seq_len),
+        list(alone),
+        make_backend("cpu", memory_limit_bytes=case.memory_limit),
+    )
+    rows = []
+    for order, profile in enumerate(family, start=1):
+        seq_len = profile.workload.seq_len
+        assert seq_len is not None
+        single = alone[seq_len]
+        rows.append(
+            [
+                case.label,
+                str(seq_len),
+                str(order),
+                str(profile.max_micro_batch_size),
+                "yes" if profile.max_micro_batch_size == single.max_micro_batch_size else "NO",
+                str(len(profile.probes)),
+                str(len(single.probes)),
+                " ".join(str(p.micro_batch_size) for p in profile.probes),
+            ]
+        )
+    return rows
+
+
+def held_out_rows(case: Case, profiles: dict[int, Profile]) -> list[list[str]]:
     rows = []
     for s in case.measured:
         found = profiles[s]
@@ -122,10 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small smoke run; writes nothing")
     args = parser.parse_args(argv)
     rows: list[list[str]] = []
+    probes: list[list[str]] = []
     for case in QUICK_CASES if args.quick else CASES:
-        for row in run_case(case):
-            rows.append(row)
+        held_out, per_length = run_case(case)
+        for row in [*held_out, *per_length]:
             print("  ".join(row), flush=True)
+        rows.extend(held_out)
+        probes.extend(per_length)
     body = "\n\n".join(
         [
             "## Sequence length: held-out predictions (`bench/seqlen.py`)",
@@ -149,6 +194,27 @@ def main(argv: list[str] | None = None) -> int:
             "Peak error: the estimate's peak at its M* against the peak measured at that "
             "size (the search probed it, or the error says so). Target: within 2%, M* "
             "exact or one below, never above.",
+            "### Probes per length under `--seq-lens`",
+            "Every length of each workload (the measured and the held-out ones) profiled "
+            "in one `--seq-lens` search: shortest first, the first length a plain model "
+            "search, each later one started from the M* the earlier ones predict (one "
+            "length: bytes per sample above the resident parts scaled by length; two or "
+            "more: the fit above) and confirmed by probes. Against the model search of "
+            "each length alone.",
+            markdown_table(
+                [
+                    "workload",
+                    "seq_len",
+                    "order profiled",
+                    "M*",
+                    "same M* alone",
+                    "probes",
+                    "probes alone",
+                    "sizes probed",
+                ],
+                probes,
+            ),
+            summary(probes),
         ]
     )
     print()
@@ -156,6 +222,20 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         write_section("seqlen", body)
     return 0
+
+
+def summary(rows: list[list[str]]) -> str:
+    """First lengths against later ones, in probes."""
+    first = [int(row[5]) for row in rows if row[2] == "1"]
+    later = sorted(int(row[5]) for row in rows if row[2] != "1")
+    alone = sorted(int(row[6]) for row in rows if row[2] != "1")
+    exact = all(row[4] == "yes" for row in rows)
+    return (
+        f"First lengths: {', '.join(map(str, first))} probes. Later lengths: median "
+        f"{later[len(later) // 2]}, at most {later[-1]} (alone: median "
+        f"{alone[len(alone) // 2]}, at most {alone[-1]}). M* the same as each length's "
+        f"own search at every length: {'yes' if exact else 'NO'}."
+    )
 
 
 if __name__ == "__main__":
