@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from examples.gpt import workload as gpt_workload
 from tuner.cli import main
 from tuner.client import TunerClient
+from tuner.engine.workload import Workload
 
 GPT = ["examples.gpt:workload", "-o", "vocab=64", "-o", "dim=16", "-o", "layers=1",
        "-o", "heads=2"]  # fmt: skip
@@ -156,3 +158,26 @@ def test_nothing_fitting_at_any_length_exits_3_with_advice(
     captured = capsys.readouterr()
     assert "fit       none: it needs two or more lengths" in captured.out
     assert "Even a micro batch of 1 does not fit" in captured.err
+
+
+def failing_at_long_lengths(seq_len: int) -> Workload:
+    """The small GPT, whose loss raises a plain error from seq_len 32 on."""
+    built = gpt_workload(vocab=64, dim=16, layers=1, heads=2, seq_len=seq_len)
+    if seq_len >= 32:
+
+        def loss_fn(model: Any, batch: Any) -> Any:
+            raise RuntimeError("the loss broke at this length")
+
+        built.loss_fn = loss_fn
+    return built
+
+
+def test_a_workload_error_at_a_later_length_exits_1_with_its_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    target = "tests.cli.test_profile_seq_lens:failing_at_long_lengths"
+    command = ["profile", target, "--device", "cpu", "--memory-limit", "1MiB"]
+    assert main([*command, "--seq-lens", "16,32"]) == 1
+    err = capsys.readouterr().err
+    assert "the loss broke at this length" in err
+    assert "not an out-of-memory; fix the workload" in err

@@ -160,6 +160,10 @@ def test_the_guess_never_exceeds_a_shorter_lengths_answer(family: list[Profile])
     assert 1 <= guess_max_micro_batch(family[:2], 64) <= family[1].max_micro_batch_size
     nothing = shortest.model_copy(update={"max_micro_batch_size": 0})
     assert guess_max_micro_batch([nothing], 64) == 1
+    # Without a breakdown the tokens per micro batch are kept: M* · 16 / 64.
+    bare = [p.model_copy(update={"breakdown": None}) for p in shortest.probes]
+    unbroken = shortest.model_copy(update={"probes": bare})
+    assert guess_max_micro_batch([unbroken], 64) == shortest.max_micro_batch_size * 16 // 64
 
 
 def test_a_single_profile_knows_its_seq_len_and_no_family() -> None:
