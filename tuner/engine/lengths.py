@@ -6,7 +6,8 @@ from a predicted ``M*`` (:func:`tuner.engine.search.hinted_search`), so a good g
 two probes:
 
 - after one length ``s₀`` with answer ``M₀``: the bytes per sample above the resident
-  weights, gradients and optimizer state ``R`` grow with the length,
+  weights, gradients and optimizer state and the memory outside torch ``R`` grow with
+  the length,
   ``per_sample(s) = (peak(M₀) − R) / M₀ · s / s₀``, and ``M* ≈ ⌊(budget − R) / per_sample(s)⌋``;
 - after two or more: the fit ``peak(m, s) ≈ a₀ + a₁·s + b·m·s + c·m·s²`` through their
   probes near the boundary (:mod:`tuner.core.lengths`),
@@ -168,9 +169,10 @@ def _scaled_guess(profile: Profile, seq_len: int) -> int:
     probe = profile.probe_at(found)
     if probe is None or probe.footprint_bytes is None or probe.breakdown is None:
         return found * measured_len // seq_len
-    resident = probe.breakdown.resident_bytes
-    per_sample = max(probe.footprint_bytes - resident, 1) / found * seq_len / measured_len
-    return int((profile.budget_bytes - resident) // per_sample)
+    # Memory outside torch (a CUDA context) stays what it was, as the resident parts do.
+    fixed = probe.breakdown.resident_bytes + probe.non_torch_bytes
+    per_sample = max(probe.footprint_bytes - fixed, 1) / found * seq_len / measured_len
+    return int((profile.budget_bytes - fixed) // per_sample)
 
 
 def _seq_len(profile: Profile) -> int:
