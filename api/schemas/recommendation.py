@@ -13,6 +13,7 @@ from tuner.core.parallel import ParallelMode
 
 # One step's split lists every micro batch, so the batch bounds the size of the answer.
 MAX_GLOBAL_BATCH_SIZE = 2**20
+MAX_SEQ_LEN = 2**24  # far past any model's positions: only a guard against nonsense
 
 
 class RecommendationQuery(RequestModel):
@@ -43,6 +44,23 @@ class RecommendationQuery(RequestModel):
         "equal micro batches when within 5% of max's throughput; throughput: fastest measured",
     )
 
+    seq_len: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_SEQ_LEN,
+        description="tokens per sequence (padded or packed to it): measured where that "
+        "length was profiled, estimated from the workload's length family between and near "
+        "the measured lengths (from half the shortest to 1.25 times the longest)",
+    )
+    tokens_per_micro_batch: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_SEQ_LEN * MAX_GLOBAL_BATCH_SIZE,
+        description="packed sequences: the tokens a micro batch is filled with, a multiple "
+        "of seq_len; no micro batch of the answer holds more, and a budget that does not "
+        "fit is refused, saying how many tokens do",
+    )
+
     @field_validator("world_size")
     @classmethod
     def _divides(cls, world_size: int, info: ValidationInfo) -> int:
@@ -53,6 +71,23 @@ class RecommendationQuery(RequestModel):
             except BadInputError as exc:
                 raise ValueError(exc.message) from None
         return world_size
+
+    @field_validator("tokens_per_micro_batch")
+    @classmethod
+    def _whole_sequences(cls, tokens: int | None, info: ValidationInfo) -> int | None:
+        if tokens is None:
+            return None
+        seq_len = info.data.get("seq_len")
+        if seq_len is None:
+            raise ValueError(
+                "tokens_per_micro_batch needs seq_len, the length the sequences are packed to"
+            )
+        if tokens % seq_len:
+            raise ValueError(
+                f"tokens_per_micro_batch {tokens} is not a multiple of seq_len {seq_len}: "
+                "packed micro batches hold whole sequences"
+            )
+        return tokens
 
 
 class RecommendationPublic(plan.Recommendation):
@@ -90,5 +125,25 @@ class RecommendationPublic(plan.Recommendation):
     )
     caveat: str | None = Field(
         default=None, description="what the answer does not know, and how to measure it"
+    )
+    seq_len: int | None = Field(default=None, description="the sequence length asked for")
+    length_family: str | None = Field(
+        default=None, description="the family of lengths the workload belongs to"
+    )
+    length_basis: plan.Basis | None = Field(
+        default=None,
+        description="measured: seq_len was profiled; estimated: from the fit across the "
+        "family's measured lengths (expected_error is then the fit's)",
+    )
+    measured_seq_lens: list[int] = Field(
+        default_factory=list, description="the measured lengths the answer rests on"
+    )
+    tokens_per_micro_batch: int | None = Field(
+        default=None, description="micro_batch_size × seq_len"
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        default=None,
+        description="max_micro_batch_size × seq_len: the budget for packed sequences or "
+        "token-bucketed batches whose sequences are at most seq_len long",
     )
     profile_age_s: float

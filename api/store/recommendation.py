@@ -13,7 +13,7 @@ a tenth of what the same reads cost through ORM sessions.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -31,6 +31,7 @@ from api.store.profiles import (
     choose_by_reference,
     workload_info,
 )
+from tuner.core import lengths as lengths_fit
 from tuner.core import plan, results, worlds
 from tuner.core.errors import BadInputError, NotFoundError, NothingFitsError
 from tuner.core.parallel import PARALLEL_MODES, Parallel, ParallelMode
@@ -168,6 +169,9 @@ class _Reads:
             .limit(1),
             dialect,
         )
+        self.family = PreparedSelect(
+            _select(*_WORKLOAD_COLUMNS).where(_W.length_family == bindparam("family")), dialect
+        )
         self.world_profiles = PreparedSelect(_world_profiles_statement(), dialect)
         self.device = PreparedSelect(
             by_key_or_name(_D.key, _D.name, _D.id, _D.key, _D.name, _D.capacity_bytes), dialect
@@ -240,11 +244,11 @@ def recommend_on(
     (``estimated``), else the one-process profile with a caveat that says what it misses.
     """
     reads = _reads(dialect)
-    workload = _choose_workload(
-        [_Workload(*row) for row in reads.workload.rows(connection, ref=query.workload)],
-        query.workload,
-        query.parallel,
-    )
+    rows = [_Workload(*row) for row in reads.workload.rows(connection, ref=query.workload)]
+    if not rows and query.seq_len is not None:  # named by its length family's key
+        rows = [_Workload(*row) for row in reads.family.rows(connection, family=query.workload)]
+        rows = sorted(rows, key=lambda row: row.seq_len or 0)[-1:]
+    workload = _choose_workload(rows, query.workload, query.parallel)
     device = choose_by_reference(
         [_Device(*row) for row in reads.device.rows(connection, ref=query.device)],
         query.device,
@@ -253,34 +257,9 @@ def recommend_on(
     )
     mode = query.parallel or _mode(workload.parallel_mode)
     answer = _Answering(reads, connection, query, workload, device, mode, now)
-    if mode == "none":
-        if workload.parallel_mode != "none":
-            raise BadInputError(
-                f"workload {workload.name!r} ({workload.key}) is measured under "
-                f"{workload.parallel_mode}: ask with parallel={workload.parallel_mode}, or name "
-                "the one-process workload"
-            )
-        return answer.one_process(workload)
-    if workload.parallel_mode == mode:
-        found = answer.across_world_sizes()
-        if found is not None:
-            return found
-        sibling = answer.sibling()
-        if sibling is None:
-            raise NotFoundError(
-                f"workload {workload.name!r} ({workload.key}) has no {mode} profile on device "
-                f"{device.name!r} ({device.key}), and no one-process profile to warn from: "
-                f"profile it (`tuner profile {workload.target or 'TARGET'} --world-size "
-                f"{query.world_size} --parallel {mode} --upload`) or queue a job for it"
-            )
-        return answer.with_caveat(answer.one_process(sibling))
-    if workload.parallel_mode == "none":
-        return answer.with_caveat(answer.one_process(workload))
-    raise BadInputError(
-        f"workload {workload.name!r} ({workload.key}) is measured under "
-        f"{workload.parallel_mode}, not {mode}: ask with parallel={workload.parallel_mode}, or "
-        f"profile it under {mode}"
-    )
+    if query.seq_len is not None:
+        return answer.by_length(query.seq_len)
+    return answer.for_workload()
 
 
 def _mode(stored: str) -> ParallelMode:
@@ -327,6 +306,38 @@ class _Answering:
     mode: ParallelMode
     now: datetime
 
+    def for_workload(self) -> RecommendationPublic:
+        """The answer from the workload's own profiles, by the run's parallel mode."""
+        w, mode = self.workload, self.mode
+        if mode == "none":
+            if w.parallel_mode != "none":
+                raise BadInputError(
+                    f"workload {w.name!r} ({w.key}) is measured under "
+                    f"{w.parallel_mode}: ask with parallel={w.parallel_mode}, or name "
+                    "the one-process workload"
+                )
+            return self.one_process(w)
+        if w.parallel_mode == mode:
+            found = self.across_world_sizes()
+            if found is not None:
+                return found
+            sibling = self.sibling()
+            if sibling is None:
+                raise NotFoundError(
+                    f"workload {w.name!r} ({w.key}) has no {mode} profile on device "
+                    f"{self.device.name!r} ({self.device.key}), and no one-process profile to "
+                    f"warn from: profile it (`tuner profile {w.target or 'TARGET'} --world-size "
+                    f"{self.query.world_size} --parallel {mode} --upload`) or queue a job for it"
+                )
+            return self.with_caveat(self.one_process(sibling))
+        if w.parallel_mode == "none":
+            return self.with_caveat(self.one_process(w))
+        raise BadInputError(
+            f"workload {w.name!r} ({w.key}) is measured under "
+            f"{w.parallel_mode}, not {mode}: ask with parallel={w.parallel_mode}, or "
+            f"profile it under {mode}"
+        )
+
     def one_process(self, workload: _Workload) -> RecommendationPublic:
         """Measured from the newest one-process profile of the pair, else estimated from
         the workload's newest fit on another device."""
@@ -355,7 +366,7 @@ class _Answering:
             global_batch_size=query.global_batch_size,
             world_size=query.world_size,
             policy=query.policy,
-            oom_limit=limit,
+            oom_limit=self._below(limit),
         )
         return self._public(
             chosen, workload, Source(profile_id, device_key, created_at, headroom), limit
@@ -382,30 +393,10 @@ class _Answering:
                 f"of 1 fits at world size {query.world_size}: profile at this world size to "
                 "measure it"
             )
-        chosen = plan.recommend_measured(
-            max_micro_batch_size=estimate.max_micro_batch_size,
-            probes=(),
-            capacity_bytes=device.capacity_bytes,
-            global_batch_size=query.global_batch_size,
-            world_size=query.world_size,
-            policy=query.policy,
-            oom_limit=limit,
+        chosen = self._estimated_plan(
+            estimate.max_micro_batch_size, estimate.expected_peak_bytes, limit
         )
-        # The estimate's peak is for its own size; a smaller choice (an OOM limit, the
-        # batch) has no figure of its own.
-        peak = (
-            estimate.expected_peak_bytes
-            if chosen.micro_batch_size == estimate.max_micro_batch_size
-            else None
-        )
-        chosen = chosen.model_copy(
-            update={
-                "basis": "estimated",
-                "expected_peak_bytes": peak,
-                "expected_headroom_bytes": device.capacity_bytes - peak if peak else None,
-            }
-        )
-        newest = max(estimate.based_on, key=lambda stored: stored.profile.created_at)
+        newest = min(estimate.based_on, key=lambda stored: stored.received)
         source = Source(
             newest.id,
             device.key,
@@ -422,6 +413,149 @@ class _Answering:
             based_on=[stored.id for stored in estimate.based_on],
             expected_error=estimate.expected_error,
             caveat=estimate.caveat,
+        )
+
+    def _below(self, limit: int | None) -> int | None:
+        """The size the plan stays below: the OOM limit, and for packed sequences one past
+        the sequences a micro batch's tokens hold (the plan then never exceeds them)."""
+        query = self.query
+        if query.tokens_per_micro_batch is None or query.seq_len is None:
+            return limit
+        above_budget = query.tokens_per_micro_batch // query.seq_len + 1
+        return above_budget if limit is None else min(limit, above_budget)
+
+    def by_length(self, seq_len: int) -> RecommendationPublic:
+        """For sequences of ``seq_len`` tokens: from the family member profiled at that
+        length, else estimated from the fit across the family's measured lengths."""
+        workload = self.workload
+        if workload.length_family is None:
+            if workload.seq_len == seq_len:
+                return self._with_length(self.for_workload(), "measured", [seq_len])
+            measured = (
+                f"at seq_len {workload.seq_len} only" if workload.seq_len else "for one shape"
+            )
+            raise BadInputError(
+                f"workload {workload.name!r} ({workload.key}) was profiled {measured}, not "
+                f"as a family of lengths: profile it at several (`tuner profile "
+                f"{workload.target or 'TARGET'} --seq-lens 512,1024,2048 --upload`) to ask "
+                "for other lengths"
+            )
+        members = {
+            member.seq_len: member
+            for member in map(
+                _Workload._make,
+                self.reads.family.rows(self.connection, family=workload.length_family),
+            )
+            if member.seq_len is not None
+        }
+        if seq_len in members:
+            at_length = replace(self, workload=members[seq_len])
+            return at_length._with_length(at_length.for_workload(), "measured", [seq_len])
+        return self._with_length(*self._across_lengths(seq_len, members))
+
+    def _across_lengths(
+        self, seq_len: int, members: dict[int, _Workload]
+    ) -> tuple[RecommendationPublic, plan.Basis, list[int]]:
+        """Estimated from the newest profile of each measured length on this device, at
+        the run's world size."""
+        world_size = 1 if self.mode == "none" else self.query.world_size
+        measured: dict[int, _Stored] = {}
+        for length, member in sorted(members.items()):
+            rows = self.reads.world_profiles.rows(
+                self.connection, workload_id=member.id, device_id=self.device.id
+            )
+            for newest in _newest_per_world_size(rows, member, self.device):
+                if newest.profile.world_size == world_size:
+                    measured[length] = newest
+        if len(measured) < 2:
+            have = ", ".join(map(str, measured)) or "none"
+            raise NotFoundError(
+                f"seq_len {seq_len} was not profiled on device {self.device.name!r} "
+                f"({self.device.key}) at world size {world_size}, and an estimate needs two "
+                f"or more measured lengths there (measured: {have}): profile it "
+                f"(`tuner profile {self.workload.target or 'TARGET'} --seq-lens "
+                f"{_suggested_lengths(seq_len, list(measured))} --upload`)"
+            )
+        lengths = list(measured)
+        based_on = list(measured.values())
+        estimate = lengths_fit.estimate_length([s.profile for s in based_on], lengths, seq_len)
+        if estimate.max_micro_batch_size < 1:
+            raise NothingFitsError(
+                f"estimated from seq_len {', '.join(map(str, lengths))}, not even one "
+                f"sequence of {seq_len} tokens fits on device {self.device.name!r}: shorten "
+                "the sequences, or profile this length to measure it"
+            )
+        chosen = self._estimated_plan(
+            estimate.max_micro_batch_size, estimate.expected_peak_bytes or None, None
+        )
+        longest = based_on[-1]  # the measured length nearest to what binds
+        source = Source(
+            longest.id,
+            self.device.key,
+            longest.profile.created_at,
+            longest.profile.headroom,
+            world_size,
+            self.mode,
+        )
+        answer = self._public(
+            chosen,
+            self.workload,
+            source,
+            None,
+            based_on=[s.id for s in based_on],
+            expected_error=estimate.fit.max_relative_error if estimate.fit else None,
+        )
+        return answer, "estimated", lengths
+
+    def _with_length(
+        self, answer: RecommendationPublic, basis: plan.Basis, lengths: list[int]
+    ) -> RecommendationPublic:
+        """``answer`` for sequences of the asked length, in tokens too; refused when a packed
+        micro batch's tokens do not fit."""
+        query = self.query
+        seq_len = query.seq_len or 0
+        tokens = query.tokens_per_micro_batch
+        if tokens is not None and answer.max_micro_batch_size < tokens // seq_len:
+            raise BadInputError(
+                f"a micro batch of {tokens} tokens ({tokens // seq_len} sequences of {seq_len}) "
+                f"does not fit on device {self.device.name!r}: at most "
+                f"{answer.max_micro_batch_size * seq_len} tokens do "
+                f"({answer.max_micro_batch_size} sequences): pack at most that many per micro batch"
+            )
+        return answer.model_copy(
+            update={
+                "seq_len": seq_len,
+                "length_family": self.workload.length_family,
+                "length_basis": basis,
+                "measured_seq_lens": lengths,
+                "tokens_per_micro_batch": answer.micro_batch_size * seq_len,
+                "max_tokens_per_micro_batch": answer.max_micro_batch_size * seq_len,
+            }
+        )
+
+    def _estimated_plan(
+        self, max_micro_batch_size: int, peak_bytes: int | None, limit: int | None
+    ) -> plan.Recommendation:
+        """The plan from an estimated ``M*`` whose own peak is ``peak_bytes``."""
+        device, query = self.device, self.query
+        chosen = plan.recommend_measured(
+            max_micro_batch_size=max_micro_batch_size,
+            probes=(),
+            capacity_bytes=device.capacity_bytes,
+            global_batch_size=query.global_batch_size,
+            world_size=query.world_size,
+            policy=query.policy,
+            oom_limit=self._below(limit),
+        )
+        # The estimate's peak is for its own size; a smaller choice (an OOM limit, the
+        # batch) has no figure of its own.
+        peak = peak_bytes if chosen.micro_batch_size == max_micro_batch_size else None
+        return chosen.model_copy(
+            update={
+                "basis": "estimated",
+                "expected_peak_bytes": peak,
+                "expected_headroom_bytes": device.capacity_bytes - peak if peak else None,
+            }
         )
 
     def _measured(
@@ -444,7 +578,7 @@ class _Answering:
             global_batch_size=self.query.global_batch_size,
             world_size=self.query.world_size,
             policy=self.query.policy,
-            oom_limit=limit,
+            oom_limit=self._below(limit),
         )
         source = Source(profile_id, self.device.key, created_at, headroom, world_size, parallel)
         return self._public(chosen, workload, source, limit)
@@ -508,6 +642,16 @@ class _Answering:
         )
 
 
+def _suggested_lengths(seq_len: int, measured: list[int]) -> str:
+    """Lengths to profile so that ``seq_len`` is measured and a fit has three points."""
+    lengths = sorted({seq_len, *measured})
+    for factor in (2, 4):
+        if len(lengths) >= 3:
+            break
+        lengths = sorted({*lengths, seq_len // factor or 1})
+    return ",".join(map(str, lengths))
+
+
 def _plan_probes(measured: list[Any]) -> list[results.ProbeResult]:
     """Only what the plan reads of each probe: size, verdict, peak and speed."""
     return [
@@ -554,6 +698,7 @@ def _world_profiles_statement() -> Select[Any]:
 class _Stored(NamedTuple):
     id: int
     profile: results.Profile
+    received: int  # its place in the order the service received the pair's profiles: 0 newest
 
 
 def _newest_per_world_size(rows: list[Any], workload: _Workload, device: _Device) -> list[_Stored]:
@@ -574,7 +719,8 @@ def _newest_per_world_size(rows: list[Any], workload: _Workload, device: _Device
                 )
             )
     newest: dict[int, _Stored] = {}
-    for profile_id, head in heads.items():  # newest first, so the first at a size stays
+    # Newest first (received last), so the first at a size stays.
+    for received, (profile_id, head) in enumerate(heads.items()):
         world_size = head[2]
         if world_size in newest:
             continue
@@ -600,6 +746,7 @@ def _newest_per_world_size(rows: list[Any], workload: _Workload, device: _Device
                 settings=results.ProbeSettings(),
                 wall_time_s=0.0,
             ),
+            received,
         )
     return sorted(newest.values(), key=lambda stored: stored.profile.world_size)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -71,6 +73,19 @@ def make_token(db: Database, *scopes: str, name: str = "test") -> str:
     with db.session(write=True) as session:
         _, plain = create_token(session, name=name, scopes=list(scopes))
     return plain
+
+
+@contextmanager
+def service_over_sqlite(directory: Path) -> Iterator[tuple[ServerThread, str]]:
+    """A service over a new SQLite file in ``directory``, and an admin token for it: for
+    module fixtures that measure once and ask many questions."""
+    url = f"sqlite:///{directory / 'tuner.db'}"
+    migrate.upgrade(url)
+    database = Database(url)
+    token = make_token(database, "admin", name="admin")
+    database.dispose()
+    with ServerThread(create_app(ServiceSettings(database_url=url))) as server:
+        yield server, token
 
 
 @pytest.fixture

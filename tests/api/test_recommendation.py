@@ -269,6 +269,8 @@ def test_openapi_documents_the_questions_parameters(http: httpx.Client) -> None:
         "world_size",
         "parallel",
         "policy",
+        "seq_len",
+        "tokens_per_micro_batch",
     }
     assert all(p["in"] == "query" for p in parameters.values())
     assert [name for name, p in parameters.items() if p["required"]] == [

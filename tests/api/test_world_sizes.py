@@ -18,11 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api import migrate
-from api.config import ServiceSettings
-from api.db import Database
-from api.main import create_app
-from tests.api.conftest import make_token
+from tests.api.conftest import service_over_sqlite
 from tests.api.test_recommend_cli import tuner
 from tests.services import ServerThread
 from tuner.client import TunerClient
@@ -56,12 +52,7 @@ class Measured:
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Measured]:
-    url = f"sqlite:///{tmp_path_factory.mktemp('worlds') / 'tuner.db'}"
-    migrate.upgrade(url)
-    database = Database(url)
-    token = make_token(database, "admin", name="admin")
-    database.dispose()
-    with ServerThread(create_app(ServiceSettings(database_url=url))) as server:
+    with service_over_sqlite(tmp_path_factory.mktemp("worlds")) as (server, token):
         done = tuner(
             "profile", "examples.gpt:workload", *OPTIONS, "--memory-limit", LIMIT,
             "--max", str(CAP), "--world-size", "2", "--parallel", "ddp", "--no-explore",

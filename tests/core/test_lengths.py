@@ -88,7 +88,7 @@ def test_lengths_too_far_from_the_measured_ones_are_refused_in_one_line() -> Non
     too_long = int(256 * EXTRAPOLATION) + 1
     with pytest.raises(BadInputError, match=f"seq_len {too_long} is too far") as caught:
         estimate_length(profiles, lengths, too_long)
-    assert "-o seq_len=" in str(caught.value)
+    assert "--seq-lens 128,256,321" in str(caught.value)
     with pytest.raises(BadInputError, match="too far"):
         estimate_length(profiles, lengths, 63)
     with pytest.raises(BadInputError, match="two or more lengths"):

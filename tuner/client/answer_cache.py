@@ -55,6 +55,8 @@ class Question:
     world_size: int
     policy: str
     parallel: str | None = None  # none, ddp or fsdp; None: the workload's own mode
+    seq_len: int | None = None  # tokens per sequence; None: the workload's own shape
+    tokens_per_micro_batch: int | None = None  # packed sequences' token budget
 
     def params(self) -> dict[str, Any]:
         """The question as the service's query parameters."""
@@ -69,8 +71,9 @@ class Question:
     def _fields(self) -> dict[str, Any]:
         # Left out when not given, so a question asked as before keeps its query and file.
         document = asdict(self)
-        if document["parallel"] is None:
-            del document["parallel"]
+        for optional in ("parallel", "seq_len", "tokens_per_micro_batch"):
+            if document[optional] is None:
+                del document[optional]
         return document
 
     def digest(self) -> str:
@@ -81,6 +84,10 @@ class Question:
         ranks = f" over {self.world_size} ranks" if self.world_size > 1 else ""
         if self.parallel not in (None, "none"):
             ranks += f" under {self.parallel}"
+        if self.seq_len is not None:
+            ranks += f" at seq_len {self.seq_len}"
+        if self.tokens_per_micro_batch is not None:
+            ranks += f" packed to {self.tokens_per_micro_batch} tokens per micro batch"
         return (
             f"workload {self.workload!r} on device {self.device!r}, global batch "
             f"{self.global_batch_size}{ranks}, policy {self.policy}"

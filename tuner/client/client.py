@@ -220,6 +220,8 @@ class TunerClient:
         world_size: int = 1,
         parallel: str | None = None,
         policy: str = plan.DEFAULT_POLICY,
+        seq_len: int | None = None,
+        tokens_per_micro_batch: int | None = None,
         fallback: None = None,
     ) -> RecommendationPublic: ...
 
@@ -233,6 +235,8 @@ class TunerClient:
         world_size: int = 1,
         parallel: str | None = None,
         policy: str = plan.DEFAULT_POLICY,
+        seq_len: int | None = None,
+        tokens_per_micro_batch: int | None = None,
         fallback: Fallback,
     ) -> plan.Recommendation: ...
 
@@ -245,6 +249,8 @@ class TunerClient:
         world_size: int = 1,
         parallel: str | None = None,
         policy: str = plan.DEFAULT_POLICY,
+        seq_len: int | None = None,
+        tokens_per_micro_batch: int | None = None,
         fallback: Fallback | None = None,
     ) -> plan.Recommendation:
         """Micro batch and accumulation steps for ``workload`` (key or name) on ``device``.
@@ -256,6 +262,13 @@ class TunerClient:
         profiles measured that way, at that world size or estimated across others; from a
         one-process profile only with ``one_process_only`` set and a ``caveat``.
 
+        ``seq_len`` asks for sequences of that many tokens: measured where the workload's
+        length family profiled it, else ``estimated`` from the fit across its measured
+        lengths (from half the shortest to 1.25 times the longest); the answer gives
+        ``tokens_per_micro_batch`` too. For packed sequences, ``tokens_per_micro_batch`` (a
+        multiple of ``seq_len``) is the collator's budget: no micro batch exceeds it, and a
+        budget that does not fit is refused with the one that does.
+
         When the service cannot be reached (after the retries), the answer is the last one
         it gave to this question, as a :class:`CachedRecommendation`; else ``fallback``,
         ``(micro_batch_size, grad_accum)`` or a recommendation, as an
@@ -264,7 +277,15 @@ class TunerClient:
         service (no profile, bad input, no access) are raised as they are, never masked.
         """
         question = Question(
-            self.url, workload, device, global_batch_size, world_size, policy, parallel
+            self.url,
+            workload,
+            device,
+            global_batch_size,
+            world_size,
+            policy,
+            parallel,
+            seq_len,
+            tokens_per_micro_batch,
         )
         # Checked now, not when first needed: a wrong fallback must not wait for an outage.
         backup = None if fallback is None else _fallback_answer(fallback, question)

@@ -149,7 +149,8 @@ def estimate_length(
         raise BadInputError(
             f"seq_len {seq_len} is too far from the measured lengths ({measured}) "
             f"to estimate: answers reach {int(lowest * SHORTEST_FRACTION)} to "
-            f"{int(highest * EXTRAPOLATION)}; profile it (-o seq_len={seq_len})"
+            f"{int(highest * EXTRAPOLATION)}; profile it too (--seq-lens "
+            f"{','.join(map(str, sorted({*fit.seq_lens, seq_len})))})"
         )
     if fit.per_sample_bytes(seq_len) <= 0:
         raise BadInputError("peak memory does not grow with the micro batch in these profiles")

@@ -44,6 +44,21 @@ def add_parser(commands: Any) -> None:
         "fsdp are answered from profiles measured that way",
     )
     recommend.add_argument(
+        "--seq-len",
+        type=positive_int,
+        default=None,
+        help="tokens per sequence: measured where the workload's length family profiled it, "
+        "estimated between and near the measured lengths (0.5x the shortest to 1.25x the "
+        "longest)",
+    )
+    recommend.add_argument(
+        "--tokens-per-micro-batch",
+        type=positive_int,
+        default=None,
+        help="packed sequences: the tokens each micro batch is filled with (a multiple of "
+        "--seq-len); refused, with the budget that fits, when it does not",
+    )
+    recommend.add_argument(
         "--policy",
         choices=POLICIES,
         default=DEFAULT_POLICY,
@@ -70,6 +85,8 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
                 world_size=args.world_size,
                 parallel=args.parallel,
                 policy=args.policy,
+                seq_len=args.seq_len,
+                tokens_per_micro_batch=args.tokens_per_micro_batch,
             )
         except NothingFitsError as exc:
             stderr.print(
@@ -81,6 +98,8 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         return EXIT_OK
     print(answer.describe())
     print(answer.reason)
+    if answer.seq_len is not None:
+        print(_tokens(answer))
     source = _source(answer)
     print(
         f"{answer.workload_name} on {answer.device_name}: {source}, "
@@ -113,6 +132,9 @@ def _source(answer: RecommendationPublic) -> str:
     )
     if answer.basis == "measured":
         return f"measured by profile {answer.profile_id}{ranks}"
+    if answer.length_basis == "estimated":
+        profiles = ", ".join(map(str, answer.based_on_profiles))
+        return f"estimated across sequence lengths from profiles {profiles}"
     if len(answer.based_on_profiles) > 1:
         error = f", fit within {answer.expected_error:.1%}" if answer.expected_error else ""
         profiles = ", ".join(map(str, answer.based_on_profiles))
@@ -123,6 +145,19 @@ def _source(answer: RecommendationPublic) -> str:
             f"{answer.profile_device_key}"
         )
     return f"estimated from profile {answer.profile_id}{ranks}"
+
+
+def _tokens(answer: RecommendationPublic) -> str:
+    """The answer in tokens, and which lengths it rests on."""
+    tokens = (
+        f"seq_len {answer.seq_len}: {answer.tokens_per_micro_batch:,} tokens per micro batch, "
+        f"at most {answer.max_tokens_per_micro_batch:,}"
+    )
+    if answer.length_basis == "estimated":
+        lengths = ", ".join(map(str, answer.measured_seq_lens))
+        error = f", fit within {answer.expected_error:.1%}" if answer.expected_error else ""
+        return f"{tokens} (estimated from seq_len {lengths}{error})"
+    return f"{tokens} (measured)"
 
 
 def _age(seconds: float) -> str:
