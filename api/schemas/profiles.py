@@ -134,6 +134,9 @@ class ProfileSummary(BaseModel):
     device_key: str
     device_name: str
     created_at: datetime
+    received_at: datetime | None = Field(
+        default=None, description="when the service stored it: what orders the list"
+    )
     max_micro_batch_size: int
     headroom: float
     budget_bytes: int

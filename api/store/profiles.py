@@ -473,6 +473,7 @@ def to_summary(row: models.Profile) -> ProfileSummary:
         device_key=row.device.key,
         device_name=row.device.name,
         created_at=row.created_at,
+        received_at=row.received_at,
         max_micro_batch_size=row.max_micro_batch_size,
         headroom=row.headroom,
         budget_bytes=row.budget_bytes,

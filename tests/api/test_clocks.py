@@ -11,8 +11,10 @@ import httpx
 
 from tests.api.builders import recommendation, upload
 from tests.api.documents import sample_profile
+from tuner.core.parallel import Parallel
 
 HOUR = timedelta(hours=1)
+DDP = Parallel(mode="ddp")
 
 
 def _profile(http: httpx.Client, m_star: int, clock: timedelta) -> dict[str, Any]:
@@ -58,3 +60,26 @@ def test_the_profile_received_last_answers_whatever_its_clock_says(http: httpx.C
     assert (answer["profile_id"], answer["max_micro_batch_size"]) == (last["id"], 8)
     listed = http.get("/api/v1/profiles").json()["data"]
     assert listed[0]["id"] == last["id"]  # newest first: received last
+    # Both clocks are shown: the list's order is the service's, whatever the machines said.
+    assert listed[0]["received_at"] > listed[1]["received_at"]
+    assert listed[0]["created_at"] < listed[1]["created_at"]
+
+
+def test_an_estimate_across_world_sizes_names_the_profile_received_last(
+    http: httpx.Client,
+) -> None:
+    def ddp(world_size: int, clock: timedelta) -> dict[str, Any]:
+        profile = sample_profile(
+            max_micro_batch_size=8, workload_key="p" * 24, created_at=datetime.now(UTC) + clock
+        )
+        return upload(http, profile.model_copy(update={"world_size": world_size, "parallel": DDP}))
+
+    ddp(4, clock=+HOUR)
+    last = ddp(2, clock=-HOUR)
+    response = recommendation(
+        http, workload="p" * 24, global_batch_size=36, world_size=3, parallel="ddp"
+    )
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["basis"] == "estimated"
+    assert answer["profile_id"] == last["id"]
