@@ -106,37 +106,28 @@ class CachedAnswers:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == self.path and scope["method"] == "GET":
-            body = await self._answer(scope)
-            if body is not None:
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 200,
-                        "headers": [
-                            (b"content-length", b"%d" % len(body)),
-                            (b"content-type", b"application/json"),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
+            generation = self._checked_generation(scope)
+            if generation is not None:
+                state = scope["app"].state
+                cache: GenerationCache[Answer] = state.recommendations
+                key: bytes = scope["query_string"]
+                # A repeated question (most of them) costs one lookup, nothing awaited.
+                answer = cache.get(key, generation) or await _computed(scope, key, generation)
+                if answer is not None:
+                    body = answer.body()
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": 200,
+                            "headers": [
+                                (b"content-length", b"%d" % len(body)),
+                                (b"content-type", b"application/json"),
+                            ],
+                        }
+                    )
+                    await send({"type": "http.response.body", "body": body})
+                    return
         await self.app(scope, receive, send)
-
-    async def _answer(self, scope: Scope) -> bytes | None:
-        generation = self._checked_generation(scope)
-        if generation is None:
-            return None
-        state = scope["app"].state
-        cache: GenerationCache[Answer] = state.recommendations
-        key: bytes = scope["query_string"]
-        answer = cache.get(key, generation)
-        if answer is None:
-            try:
-                query = parse_query(Request(scope), RecommendationQuery)
-                answer = await computed_answer(state, query, key, generation)
-            except Exception:
-                return None  # the route meets the same trouble and answers it properly
-        return answer.body()
 
     def _checked_generation(self, scope: Scope) -> int | None:
         """The store's generation, when the request may read and the route need not say
@@ -159,3 +150,13 @@ class CachedAnswers:
         except Exception:
             return None  # the route will meet the same trouble and answer it properly
         return generation
+
+
+async def _computed(scope: Scope, key: bytes, generation: int) -> Answer | None:
+    """The answer computed here, or ``None`` to let the route meet the trouble (a query
+    that does not parse, a question the store refuses) and answer it properly."""
+    try:
+        query = parse_query(Request(scope), RecommendationQuery)
+        return await computed_answer(scope["app"].state, query, key, generation)
+    except Exception:
+        return None
