@@ -425,9 +425,9 @@ def main(argv: list[str] | None = None) -> int:
             "Cold: every request asks about a workload and device pair not asked before in "
             "the run, and the store's generation is raised before each run, so every answer "
             "is computed afresh (three indexed reads and the plan). Fleet: the answers come "
-            "from the cache while the store's generation is unchanged, sent before the "
-            "framework's routing once the token is known, which is why they outrun the bare "
-            "endpoint.",
+            "from the cache while the store's generation is unchanged. Both are answered "
+            "before the framework's routing once the token is known, which is why fleet "
+            "answers outrun the bare endpoint.",
         ]
     )
     print()
