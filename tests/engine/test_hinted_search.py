@@ -3,11 +3,10 @@ bisection, whatever the guess, and takes two probes when the guess is right or o
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from tests.curves import Curve, affine, steps, two_phases
+from tests.engine.limits import limit_with_m_star
 from tuner.engine.backends import CpuBackend
 from tuner.engine.probe import Prober
 from tuner.engine.search import SearchOutcome, SearchRecorder, bisect_search, hinted_search
@@ -95,12 +94,7 @@ def test_hinted_search_on_a_real_tiny_model_matches_bisection() -> None:
     workload = load_workload(
         "examples.gpt:workload", {"vocab": 64, "dim": 16, "layers": 1, "heads": 2, "seq_len": 16}
     )
-    with Prober(workload, CpuBackend(2**40), headroom=0.05) as measure:
-        at, above = (measure(m, enforce_capacity=False).footprint_bytes for m in (12, 13))
-    assert at is not None
-    assert above is not None
-    assert at < above
-    limit = math.ceil((at + above) / 2 / 0.95)
+    limit = limit_with_m_star(workload, 12)
     with Prober(workload, CpuBackend(limit), headroom=0.05) as prober:
         budget = prober.budget_bytes
         bisected = bisect_search(prober, cap=64, budget_bytes=budget)

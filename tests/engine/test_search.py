@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,6 +12,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tests.curves import Curve, affine, affine_with_jump, flat_then_affine, steps, two_phases
+from tests.engine.limits import limit_with_m_star
 from tuner.core.errors import BadInputError
 from tuner.engine.backends import CpuBackend
 from tuner.engine.probe import Prober
@@ -287,12 +287,7 @@ def test_model_search_on_a_real_tiny_model_needs_few_probes() -> None:
     workload = load_workload(
         "examples.mlp:workload", {"in_features": 32, "hidden": 64, "layers": 2}
     )
-    with Prober(workload, CpuBackend(2**40), headroom=0.05) as measure:
-        at, above = (measure(m, enforce_capacity=False).footprint_bytes for m in (400, 401))
-    assert at is not None
-    assert above is not None
-    assert at < above
-    limit = math.ceil((at + above) / 2 / 0.95)
+    limit = limit_with_m_star(workload, 400)
     with Prober(workload, CpuBackend(limit), headroom=0.05) as prober:
         outcome = model_search(prober, cap=4096, budget_bytes=prober.budget_bytes)
     sizes = [p.micro_batch_size for p in outcome.probes]
