@@ -37,6 +37,7 @@ from tuner.engine.workload import Workload, load_workload
 from tuner.train import planning as training
 from tuner.train.accumulate import Accumulator
 from tuner.train.planning import plan_training
+from tuner.worker.allow import AllowList
 from tuner.worker.loop import DeviceIdentity, Worker
 
 TARGET = "examples.mlp:workload"
@@ -276,6 +277,7 @@ def test_queue_waits_for_a_real_worker_then_plans(
         token=make_token(database, "worker"),
         identity=DeviceIdentity("cpu", device_key(backend), backend.describe()),
         name="in-test",
+        allow=AllowList(("examples",)),
         memory_limit_bytes=LIMIT,
         poll_interval=0.1,
         log=lambda _line: None,

@@ -1,8 +1,10 @@
 """Real ``tuner worker`` processes against the real service: a worker killed mid-job, a
-workload that crashes, raises or hangs, a stop, and a lease lost while profiling."""
+workload that crashes, raises or hangs, a stop, a lease lost while profiling, and jobs
+queued by an attacker with a ``write`` token."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +25,7 @@ from tests.api.conftest import make_token
 from tests.api.jobs_helpers import api_client, get_job, job_service, queue, wait_for
 from tuner.engine.backends import make_backend
 from tuner.engine.fingerprint import device_key
+from tuner.worker.allow import AllowList
 from tuner.worker.loop import DeviceIdentity, Worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,13 +42,29 @@ class Workers:
         self.logs = logs
         self.started: list[subprocess.Popen[bytes]] = []
 
-    def start(self, url: str, token: str, *args: str, name: str) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "tuner.cli", "worker", "--url", url, "--token", token]
+    def start(
+        self,
+        url: str,
+        token: str | None,
+        *args: str,
+        name: str,
+        allow: str = "tests.job_workloads",
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """A worker allowed to run ``allow``; with no ``token``, it takes TUNER_TOKEN from
+        ``env``."""
+        command = [sys.executable, "-m", "tuner.cli", "worker", "--url", url]
+        command += ["--token", token] if token else []
         command += ["--device", "cpu", "--memory-limit", str(MEMORY_LIMIT)]
-        command += ["--poll-interval", "0.2", "--name", name, *args]
+        command += ["--poll-interval", "0.2", "--name", name, "--allow", allow, *args]
         with (self.logs / f"{name}.log").open("wb") as log:
             process = subprocess.Popen(
-                command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                command,
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.started.append(process)
         return process
@@ -256,6 +275,7 @@ def test_a_lost_lease_stops_the_profile_and_the_worker_moves_on(
             token=token,
             identity=DeviceIdentity("cpu", CPU_KEY, backend.describe()),
             name="in-process",
+            allow=AllowList(("tests.job_workloads",)),
             memory_limit_bytes=MEMORY_LIMIT,
             poll_interval=0.2,
             log=messages.append,
@@ -281,3 +301,117 @@ def test_a_lost_lease_stops_the_profile_and_the_worker_moves_on(
     with database.session() as session:
         still = session.get_one(models.Job, job["id"])
         assert (still.status, still.lease_id, still.error) == ("running", "0" * 32, None)
+
+
+def planted(directory: Path, name: str, source: str) -> Path:
+    """A module ``name`` in ``directory``, importable by a worker with it on PYTHONPATH."""
+    directory.mkdir(exist_ok=True)
+    (directory / f"{name}.py").write_text(source)
+    return directory
+
+
+def environment_with(path: Path, **variables: str) -> dict[str, str]:
+    """This environment, ``path`` first on PYTHONPATH, and ``variables``."""
+    python_path = os.pathsep.join(filter(None, [str(path), str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": python_path, **variables}
+
+
+@SQLITE_ONLY
+@pytest.mark.slow
+def test_a_write_token_cannot_make_a_worker_run_code_its_owner_did_not_allow(
+    migrated_url: str, database: Database, workers: Workers, tmp_path: Path
+) -> None:
+    """The attack: jobs that would run a shell command, or import a module whose import
+    alone does harm. The worker runs neither, and the host keeps no trace of them."""
+    pwned, imported = tmp_path / "pwned", tmp_path / "imported"
+    plant = planted(
+        tmp_path / "plant",
+        "harmful",
+        f"import os, pathlib\npathlib.Path({str(imported)!r}).touch()\n"
+        "def workload(command):\n    os.system(command)\n",
+    )
+    admin, worker_token = make_token(database, "admin"), make_token(database, "worker")
+    attacker = make_token(database, "write", name="a-training-script")
+    with (
+        job_service(migrated_url) as server,
+        api_client(server, attacker) as evil,
+        api_client(server, admin) as api,
+    ):
+        attacks = [
+            queue(evil, device=CPU_KEY, target="os:system", options={"command": f"touch {pwned}"}),
+            queue(evil, device=CPU_KEY, target="harmful:workload", options={"command": "true"}),
+            # A name that starts like the allowed package is another package.
+            queue(evil, device=CPU_KEY, target="tests.job_workloads_x:quick"),
+        ]
+        allowed = queue(
+            api, device=CPU_KEY, target="tests.job_workloads:quick", settings={"size_cap": 4}
+        )
+        worker = workers.start(
+            server.url,
+            worker_token,
+            "--exit-when-idle",
+            name="owned",
+            env=environment_with(plant),
+        )
+        assert worker.wait(timeout=120) == 0, workers.log("owned")
+        refused = [get_job(evil, job["id"]) for job in attacks]  # a read is all it takes
+        done = get_job(api, allowed["id"])
+
+    assert not pwned.exists()
+    assert not imported.exists()  # never imported, by the worker or a subprocess
+    for job in refused:
+        assert (job["status"], job["attempts"]) == ("failed", 1), job
+        assert job["error"] == (
+            f"attempt 1 of 3 (not retried): target {job['target']!r} is not allowed on worker "
+            "'owned', which runs only tests.job_workloads: its owner may allow it with "
+            "`tuner worker --allow PATTERN`"
+        )
+    # The worker went on to the job its owner allows.
+    assert done["status"] == "succeeded", done["error"]
+
+
+SPY = """
+import json, os, pathlib
+
+def workload(record):
+    pathlib.Path(record).write_text(json.dumps(dict(os.environ)))
+    # Allowed code runs as the worker's user: it can read the worker's own environment.
+    worker = pathlib.Path(f"/proc/{os.getppid()}/environ").read_bytes().split(b"\\0")
+    token = next(v for v in worker if v.startswith(b"TUNER_TOKEN=")).decode().split("=", 1)[1]
+    raise RuntimeError(f"the worker's token is {token}")
+"""
+
+
+@SQLITE_ONLY
+@pytest.mark.slow
+def test_a_jobs_code_gets_none_of_the_workers_credentials(
+    migrated_url: str, database: Database, workers: Workers, tmp_path: Path
+) -> None:
+    """Even code the owner allowed sees no TUNER_TOKEN (nor any other secret of the
+    worker's environment), and the job's error never shows the token to its readers."""
+    record = tmp_path / "environment.json"
+    plant = planted(tmp_path / "plant", "spy", SPY)
+    admin, worker_token = make_token(database, "admin"), make_token(database, "worker")
+    secrets = {"TUNER_TOKEN": worker_token, "AWS_SECRET_ACCESS_KEY": "s3cr3t-of-the-host"}
+    with job_service(migrated_url) as server, api_client(server, admin) as api:
+        job = queue(api, device=CPU_KEY, target="spy:workload", options={"record": str(record)})
+        worker = workers.start(
+            server.url,
+            None,  # TUNER_TOKEN, as the README runs it: out of `ps`
+            "--exit-when-idle",
+            name="spied-on",
+            allow="spy",
+            env=environment_with(plant, **secrets),
+        )
+        assert worker.wait(timeout=120) == 0, workers.log("spied-on")
+        failed = get_job(api, job["id"])
+
+    seen = json.loads(record.read_text())
+    assert not [name for name in seen if name.startswith("TUNER_")]
+    assert "AWS_SECRET_ACCESS_KEY" not in seen
+    assert worker_token not in json.dumps(seen)
+    assert seen["PATH"] == os.environ["PATH"]  # what a workload needs still arrives
+    assert str(plant) in seen["PYTHONPATH"]
+    assert failed["status"] == "failed"
+    assert "RuntimeError: the worker's token is [redacted]" in failed["error"]
+    assert worker_token not in failed["error"]

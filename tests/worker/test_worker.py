@@ -20,6 +20,7 @@ from tests.api.documents import sample_profile
 from tuner.core.errors import BadInputError
 from tuner.engine.backends import make_backend
 from tuner.engine.fingerprint import device_key
+from tuner.worker.allow import AllowList
 from tuner.worker.loop import DeviceIdentity, Worker, WorkerSettings, describe_device
 from tuner.worker.profile_run import (
     STDERR_TAIL_LINES,
@@ -194,9 +195,31 @@ def test_the_command_line_refuses_bad_input(monkeypatch: pytest.MonkeyPatch) -> 
     zero = run_cli("--url", "http://127.0.0.1:9", "--poll-interval", "0")
     assert zero.returncode == 2
     assert "must be a positive number of seconds" in zero.stderr
-    no_limit = run_cli("--url", "http://127.0.0.1:9", "--device", "cpu")
+    no_limit = run_cli("--url", "http://127.0.0.1:9", "--device", "cpu", "--allow", "examples")
     assert no_limit.returncode == 2
     assert "--memory-limit" in no_limit.stderr
+
+
+def test_a_worker_that_allows_nothing_does_not_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It would fail every job it claimed: better to say so once, at start."""
+    monkeypatch.delenv("TUNER_WORKER_ALLOW", raising=False)
+    refused = run_cli("--url", "http://127.0.0.1:9", "--device", "cpu", "--memory-limit", "64MiB")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "tuner worker: say which workloads this worker may run: --allow PATTERN (or "
+        "TUNER_WORKER_ALLOW), e.g. --allow examples or --allow mypkg.models; a job queued by "
+        "any write token runs here as this user"
+    ]
+    bad = run_cli("--url", "http://127.0.0.1:9", "--allow", "examples;rm")
+    assert bad.returncode == 2
+    assert "--allow 'examples;rm' is not a module prefix or glob" in bad.stderr
+
+
+def test_the_allow_list_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNER_WORKER_ALLOW", "examples, mypkg.*")
+    assert AllowList.parse(WorkerSettings().allow).patterns == ("examples", "mypkg.*")
+    monkeypatch.delenv("TUNER_WORKER_ALLOW")
+    assert WorkerSettings().allow == []
 
 
 def test_an_unreachable_service_is_waited_for_until_stopped() -> None:
@@ -207,6 +230,7 @@ def test_an_unreachable_service_is_waited_for_until_stopped() -> None:
         token=None,
         identity=DeviceIdentity("cpu", device_key(backend), backend.describe()),
         name="patient",
+        allow=AllowList(("examples",)),
         poll_interval=0.1,
         log=messages.append,
     )

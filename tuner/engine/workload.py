@@ -21,6 +21,7 @@ from torch import nn
 
 from tuner.core.errors import WorkloadError
 from tuner.core.parallel import Parallel
+from tuner.core.targets import split_target
 from tuner.engine.batching import Batch, batch_size_of
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -168,13 +169,7 @@ def parse_options(pairs: list[str]) -> dict[str, object]:
 
 def load_workload(target: str, options: Mapping[str, object] | None = None) -> Workload:
     """Import ``package.module:function`` and call it with ``options`` to get a Workload."""
-    module_name, sep, attr = target.partition(":")
-    # Every dotted part must be a name: importlib takes ".mod" as a relative import and
-    # raises TypeError instead of ImportError.
-    if not sep or not attr or not all(part.isidentifier() for part in module_name.split(".")):
-        raise WorkloadError(
-            f"target {target!r} must look like package.module:function, e.g. examples.mlp:workload"
-        )
+    module_name, attr = split_target(target)
     # Like `python -m`, look in the current directory first: that is where a user's
     # training code lives when they run `tuner profile mymodule:workload`.
     if os.getcwd() not in sys.path and "" not in sys.path:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tuner.client.transport import Transport
 from tuner.core.errors import (
@@ -39,13 +39,25 @@ from tuner.core.errors import (
 )
 from tuner.core.results import DeviceInfo, Profile
 from tuner.core.units import parse_bytes
-from tuner.worker.profile_run import Outcome, outcome_of, profile_command, run_profile
+from tuner.worker.allow import AllowList
+from tuner.worker.profile_run import (
+    Outcome,
+    outcome_of,
+    profile_command,
+    profile_environment,
+    public_reason,
+    run_profile,
+)
 
 Log = Callable[[str], None]
 
 
 def _optional_bytes(value: Any) -> Any:
     return parse_bytes(value) if isinstance(value, str) else value
+
+
+def _comma_separated(value: Any) -> Any:
+    return value.split(",") if isinstance(value, str) else value
 
 
 class WorkerSettings(BaseSettings):
@@ -67,6 +79,12 @@ class WorkerSettings(BaseSettings):
     )
     poll_interval: float = Field(default=2.0, gt=0)
     job_timeout: float = Field(default=3600.0, gt=0)
+    allow: Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)] = Field(
+        default_factory=list,
+        validation_alias="TUNER_WORKER_ALLOW",
+        description="the workload targets this worker runs (tuner.worker.allow), "
+        "comma-separated",
+    )
 
 
 # The device, described in a subprocess
@@ -225,6 +243,7 @@ class Worker:
         token: str | None,
         identity: DeviceIdentity,
         name: str,
+        allow: AllowList,
         memory_limit_bytes: int | None = None,
         poll_interval: float = 2.0,
         job_timeout: float = 3600.0,
@@ -235,6 +254,8 @@ class Worker:
         self._transport = Transport(url, token=token)
         self.identity = identity
         self.name = name
+        # What this worker may run: its owner's decision, never the job's.
+        self.allow = allow
         self.memory_limit_bytes = memory_limit_bytes
         self.poll_interval = poll_interval
         self.job_timeout = job_timeout
@@ -318,11 +339,16 @@ class Worker:
 
     def _process(self, claim: Claim) -> None:
         job = claim.job
-        self.log(f"job {job.id}: profiling {job.target} (options {job.options or '{}'})")
+        allowed = self.allow.allows(job.target)
+        if allowed:
+            self.log(f"job {job.id}: profiling {job.target} (options {job.options or '{}'})")
         heartbeat = Transport(self._url, token=self._token)
         try:
             with LeaseKeeper(heartbeat, job.id, claim.lease, self.log) as keeper:
-                outcome = self._run_profile(job, keeper)
+                # A refused target is never imported: the job fails with the reason, for
+                # good (this worker will never run it; a job nobody runs must not wait).
+                refused = Outcome(reason=self.allow.refusal(job.target, worker=self.name))
+                outcome = self._run_profile(job, keeper) if allowed else refused
                 if outcome is not None:
                     self._report(job, claim.lease, outcome, keeper)
         finally:
@@ -342,6 +368,8 @@ class Worker:
                 command,
                 timeout=self.job_timeout,
                 cancelled=lambda: keeper.lost.is_set() or self.stopping,
+                # Nothing of the worker's credentials reaches the job's code.
+                env=profile_environment(os.environ),
             )
         except OSError as exc:
             return Outcome(reason=f"cannot start tuner profile on this host: {exc}", retryable=True)
@@ -397,9 +425,10 @@ class Worker:
         document = profile.model_dump(mode="json", round_trip=True)
         return {"lease_id": lease.lease_id, "profile": document}
 
-    @staticmethod
-    def _failure_body(lease: ClaimedLease, outcome: Outcome) -> dict[str, Any]:
-        reason = outcome.reason or "the job failed without a reason"
+    def _failure_body(self, lease: ClaimedLease, outcome: Outcome) -> dict[str, Any]:
+        reason = public_reason(
+            outcome.reason or "the job failed without a reason", secrets=[self._token]
+        )
         return {"lease_id": lease.lease_id, "reason": reason, "retryable": outcome.retryable}
 
     def _send(self, job: ClaimedJob, keeper: LeaseKeeper, what: str, body: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -26,6 +26,34 @@ EXIT_MEANINGS = {
 }
 STDERR_TAIL_LINES = 30
 STDERR_TAIL_BYTES = 8192
+# The most a failure's reason may say: the job's error, which every reader sees.
+REASON_MAX_CHARS = 12_000
+REDACTED = "[redacted]"
+
+# What a profile subprocess inherits from the worker: these variables and prefixes only
+# (an allow-list, so a credential the worker's owner sets under a new name is never
+# passed on). Nothing under TUNER_: the worker's token and service address stay with it.
+PASSED_VARIABLES = frozenset(
+    {
+        # The process and its interpreter.
+        *("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ"),
+        *("TMPDIR", "TMP", "TEMP", "XDG_CACHE_HOME", "LD_LIBRARY_PATH"),
+        *("PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"),
+        *("PYTHONWARNINGS", "VIRTUAL_ENV", "CONDA_PREFIX"),
+        # Where model hubs keep their caches, and whether they may go online.
+        *("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE"),
+        *("HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_HOME"),
+    }
+)
+PASSED_PREFIXES = (
+    "LC_",
+    # What the device, the collectives and the kernels do (PYTORCH_CUDA_ALLOC_CONF moves
+    # the peak itself: the protocol pins it).
+    *("CUDA_", "NVIDIA_", "NCCL_", "GLOO_", "PYTORCH_", "TORCHINDUCTOR_", "TRITON_"),
+    *("OMP_", "MKL_", "KMP_", "OPENBLAS_"),
+    # A measured test run measures the profile subprocess too.
+    "COVERAGE_",
+)
 # An ended profile gets this long to exit on SIGTERM before SIGKILL.
 TERMINATE_GRACE_S = 5.0
 WAIT_STEP_S = 0.2
@@ -70,6 +98,30 @@ def profile_command(
     return command
 
 
+def profile_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` a profile subprocess gets (see ``PASSED_VARIABLES``)."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name in PASSED_VARIABLES or name.startswith(PASSED_PREFIXES)
+    }
+
+
+def public_reason(reason: str, *, secrets: Iterable[str | None] = ()) -> str:
+    """``reason`` as the job's readers may see it: every secret replaced by ``[redacted]``,
+    and at most ``REASON_MAX_CHARS`` long (the first line, which says what happened, and
+    the end, where a traceback names the error; the middle is cut)."""
+    for secret in secrets:
+        if secret:
+            reason = reason.replace(secret, REDACTED)
+    if len(reason) <= REASON_MAX_CHARS:
+        return reason
+    head = reason.splitlines()[0][: REASON_MAX_CHARS // 4]
+    tail = reason[-(REASON_MAX_CHARS // 2) :]
+    cut = len(reason) - len(head) - len(tail)
+    return f"{head}\n[... {cut} characters cut ...]\n{tail}"
+
+
 @dataclass(frozen=True)
 class Run:
     """A finished subprocess: ``returncode`` is None when it was ended (timed out or
@@ -81,15 +133,22 @@ class Run:
     cancelled: bool = False
 
 
-def run_profile(command: list[str], *, timeout: float, cancelled: Callable[[], bool]) -> Run:
+def run_profile(
+    command: list[str],
+    *,
+    timeout: float,
+    cancelled: Callable[[], bool],
+    env: Mapping[str, str] | None = None,
+) -> Run:
     """Run ``command`` until it exits, ``timeout`` seconds pass, or ``cancelled()`` turns
     true (asked every fraction of a second); in the last two cases the process is ended.
+    ``env`` is its whole environment (None: this process's).
 
     The subprocess stays in the caller's process group: whatever kills the worker's group
     (a terminal's Ctrl-C, a supervisor) kills the profile too, and leaves no orphan.
     """
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(command, stdout=stdout, stderr=stderr)
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env)
         deadline = time.monotonic() + timeout
         returncode: int | None = None
         stopped = False

@@ -54,6 +54,17 @@ def add_parser(commands: Any) -> None:
     )
     worker.add_argument("--name", default=None, help="shown in the service (default: host name)")
     worker.add_argument(
+        "--allow",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="workload targets this worker may run, repeatable (TUNER_WORKER_ALLOW, "
+        "comma-separated): a module prefix (examples: examples.gpt, not examples_evil), a "
+        "glob on the module ('mypkg.*'), or with a colon on the whole target "
+        "(examples.gpt:workload). Jobs for anything else fail unrun; '*' lets any write "
+        "token run any code here. Required",
+    )
+    worker.add_argument(
         "--ranks",
         type=positive_int,
         default=None,
@@ -81,6 +92,7 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, stderr: Console) -> int:
+    from tuner.worker.allow import AllowList
     from tuner.worker.loop import Worker, WorkerSettings, describe_device
 
     settings = WorkerSettings()
@@ -92,6 +104,13 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         stamp = datetime.now().astimezone().strftime("%H:%M:%S")
         stderr.print(f"{stamp} {message}", highlight=False, markup=False, soft_wrap=True)
 
+    allow = AllowList.parse(args.allow or settings.allow)
+    if not allow.patterns:
+        raise BadInputError(
+            "say which workloads this worker may run: --allow PATTERN (or TUNER_WORKER_ALLOW), "
+            "e.g. --allow examples or --allow mypkg.models; a job queued by any write token "
+            "runs here as this user"
+        )
     memory_limit = args.memory_limit or settings.memory_limit
     identity = describe_device(args.device or settings.device, memory_limit)
     worker = Worker(
@@ -99,6 +118,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         token=args.token or settings.token,
         identity=identity,
         name=args.name or settings.name,
+        allow=allow,
         memory_limit_bytes=memory_limit,
         poll_interval=args.poll_interval or settings.poll_interval,
         job_timeout=args.job_timeout or settings.job_timeout,
