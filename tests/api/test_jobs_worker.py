@@ -312,7 +312,8 @@ def planted(directory: Path, name: str, source: str) -> Path:
 
 def environment_with(path: Path, **variables: str) -> dict[str, str]:
     """This environment, ``path`` first on PYTHONPATH, and ``variables``."""
-    python_path = os.pathsep.join(filter(None, [str(path), str(REPO), os.environ.get("PYTHONPATH")]))
+    paths = [str(path), str(REPO), os.environ.get("PYTHONPATH")]
+    python_path = os.pathsep.join(filter(None, paths))
     return {**os.environ, "PYTHONPATH": python_path, **variables}
 
 

@@ -82,8 +82,7 @@ class WorkerSettings(BaseSettings):
     allow: Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)] = Field(
         default_factory=list,
         validation_alias="TUNER_WORKER_ALLOW",
-        description="the workload targets this worker runs (tuner.worker.allow), "
-        "comma-separated",
+        description="the workload targets this worker runs (tuner.worker.allow), comma-separated",
     )
 
 
