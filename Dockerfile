@@ -34,5 +34,7 @@ ARG TORCH_VERSION=2.13.0
 RUN pip install "torch==${TORCH_VERSION}" '.[torch]'
 COPY examples/ examples/
 USER tuner
-# Needs TUNER_URL and TUNER_TOKEN (a token with the worker scope).
+# Needs TUNER_URL and TUNER_TOKEN (a token with the worker scope). It runs only the
+# workloads allowed here: the examples it carries; add your packages to the list.
+ENV TUNER_WORKER_ALLOW=examples
 CMD ["tuner", "worker"]

@@ -448,7 +448,9 @@ class TunerClient:
 
         Settings left out take the worker's defaults, as ``tuner profile``'s flags do. With
         ``world_size`` and ``parallel`` (``ddp``, ``fsdp``) the job profiles on that many
-        ranks, and only a worker with that many devices (CPU: processes) takes it.
+        ranks, and only a worker with that many devices (CPU: processes) takes it. A
+        worker runs only the targets its owner allows (``tuner worker --allow``): any other
+        fails at once, with the reason in the job's ``error``.
         """
         settings = {
             name: value

@@ -100,7 +100,8 @@ def plan_training(
     - ``"profile"``: profile it in this process (the model, optimizer, RNG and train/eval
       flags are left as they were), upload the profile, and ask again.
     - ``"queue"``: queue a profiling job of ``workload.target`` (with ``options``) for a
-      worker on this device and wait up to ``job_timeout`` seconds for it.
+      worker on this device and wait up to ``job_timeout`` seconds for it. The worker must
+      allow the target (``tuner worker --allow``); else the job fails at once, saying so.
     - ``"fail"``: return the estimate if there is one, else raise ``NotFoundError``.
 
     When the service cannot be reached the client answers from its offline cache, or with
