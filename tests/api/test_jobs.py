@@ -175,6 +175,27 @@ def test_non_retryable_failure_fails_with_the_reason(connect: Connect) -> None:
     assert claim(client, worker) is None
 
 
+def test_a_failure_cannot_store_an_unbounded_error(connect: Connect) -> None:
+    """Every reader sees a job's error: a client of its own (not ``tuner worker``, which
+    sends at most 12,000 characters) is held to the schema's bound, and nothing changes."""
+    client = connect()
+    job = queue(client)
+    claimed = claim(client, register(client))
+    assert claimed is not None
+    response = client.post(
+        f"/jobs/{job['id']}/failure",
+        json={
+            "lease_id": claimed["lease"]["lease_id"],
+            "reason": "x" * 100_000,
+            "retryable": False,
+        },
+    )
+    assert response.status_code == 422, response.text
+    assert "reason" in response.text
+    still = get_job(client, job["id"])
+    assert (still["status"], still["error"]) == ("running", None)
+
+
 def test_retryable_failure_requeues_until_the_last_attempt(connect: Connect) -> None:
     client = connect(max_attempts=2)
     job = queue(client)
