@@ -394,15 +394,18 @@ def test_a_jobs_code_gets_none_of_the_workers_credentials(
     plant = planted(tmp_path / "plant", "spy", SPY)
     admin, worker_token = make_token(database, "admin"), make_token(database, "worker")
     secrets = {"TUNER_TOKEN": worker_token, "AWS_SECRET_ACCESS_KEY": "s3cr3t-of-the-host"}
+    given = {"DATASETS": "/srv/data"}  # what the owner passes on with --pass-env
     with job_service(migrated_url) as server, api_client(server, admin) as api:
         job = queue(api, device=CPU_KEY, target="spy:workload", options={"record": str(record)})
         worker = workers.start(
             server.url,
             None,  # TUNER_TOKEN, as the README runs it: out of `ps`
             "--exit-when-idle",
+            "--pass-env",
+            "DATASETS",
             name="spied-on",
             allow="spy",
-            env=environment_with(plant, **secrets),
+            env=environment_with(plant, **secrets, **given),
         )
         assert worker.wait(timeout=120) == 0, workers.log("spied-on")
         failed = get_job(api, job["id"])
@@ -413,6 +416,7 @@ def test_a_jobs_code_gets_none_of_the_workers_credentials(
     assert worker_token not in json.dumps(seen)
     assert seen["PATH"] == os.environ["PATH"]  # what a workload needs still arrives
     assert str(plant) in seen["PYTHONPATH"]
+    assert seen["DATASETS"] == "/srv/data"
     assert failed["status"] == "failed"
     assert "RuntimeError: the worker's token is [redacted]" in failed["error"]
     assert worker_token not in failed["error"]

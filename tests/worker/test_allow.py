@@ -11,6 +11,7 @@ from tuner.core.errors import BadInputError
 from tuner.worker.allow import AllowList
 from tuner.worker.profile_run import (
     REASON_MAX_CHARS,
+    passable_names,
     profile_environment,
     public_reason,
 )
@@ -104,6 +105,20 @@ def test_a_profile_inherits_what_it_needs_and_no_credential() -> None:
             "OMP_NUM_THREADS",
         )
     }
+
+
+def test_the_owner_may_pass_more_variables_but_none_of_the_workers_own() -> None:
+    worker = {"PATH": "/usr/bin", "HF_TOKEN": "hf_secret", "DATA_DIR": "/data", "X": "y"}
+    names = passable_names(["HF_TOKEN, DATA_DIR"])
+    assert names == ("HF_TOKEN", "DATA_DIR")
+    assert profile_environment(worker, also=names) == {
+        "PATH": "/usr/bin",
+        "HF_TOKEN": "hf_secret",
+        "DATA_DIR": "/data",
+    }
+    for name in ("TUNER_TOKEN", "tuner_url", "A-B", "1X"):
+        with pytest.raises(BadInputError, match=f"--pass-env {name!r} must name"):
+            passable_names([name])
 
 
 def test_a_reason_never_shows_the_token_and_is_bounded() -> None:

@@ -218,6 +218,8 @@ def test_a_worker_that_allows_nothing_does_not_start(monkeypatch: pytest.MonkeyP
 def test_the_allow_list_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TUNER_WORKER_ALLOW", "examples, mypkg.*")
     assert AllowList.parse(WorkerSettings().allow).patterns == ("examples", "mypkg.*")
+    monkeypatch.setenv("TUNER_WORKER_PASS_ENV", "HF_TOKEN,DATASETS")
+    assert WorkerSettings().pass_env == ["HF_TOKEN", "DATASETS"]
     monkeypatch.delenv("TUNER_WORKER_ALLOW")
     assert WorkerSettings().allow == []
 

@@ -84,6 +84,11 @@ class WorkerSettings(BaseSettings):
         validation_alias="TUNER_WORKER_ALLOW",
         description="the workload targets this worker runs (tuner.worker.allow), comma-separated",
     )
+    pass_env: Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)] = Field(
+        default_factory=list,
+        validation_alias="TUNER_WORKER_PASS_ENV",
+        description="more variables a job's profile subprocess inherits, comma-separated",
+    )
 
 
 # The device, described in a subprocess
@@ -243,6 +248,7 @@ class Worker:
         identity: DeviceIdentity,
         name: str,
         allow: AllowList,
+        pass_env: tuple[str, ...] = (),
         memory_limit_bytes: int | None = None,
         poll_interval: float = 2.0,
         job_timeout: float = 3600.0,
@@ -255,6 +261,7 @@ class Worker:
         self.name = name
         # What this worker may run: its owner's decision, never the job's.
         self.allow = allow
+        self.pass_env = pass_env
         self.memory_limit_bytes = memory_limit_bytes
         self.poll_interval = poll_interval
         self.job_timeout = job_timeout
@@ -368,7 +375,7 @@ class Worker:
                 timeout=self.job_timeout,
                 cancelled=lambda: keeper.lost.is_set() or self.stopping,
                 # Nothing of the worker's credentials reaches the job's code.
-                env=profile_environment(os.environ),
+                env=profile_environment(os.environ, also=self.pass_env),
             )
         except OSError as exc:
             return Outcome(reason=f"cannot start tuner profile on this host: {exc}", retryable=True)

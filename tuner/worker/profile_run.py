@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
+from tuner.core.errors import BadInputError
 from tuner.core.results import ProbeResult, Profile
 
 EXIT_MEANINGS = {
@@ -98,13 +100,28 @@ def profile_command(
     return command
 
 
-def profile_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``environ`` a profile subprocess gets (see ``PASSED_VARIABLES``)."""
+def profile_environment(environ: Mapping[str, str], *, also: Iterable[str] = ()) -> dict[str, str]:
+    """The variables of ``environ`` a profile subprocess gets: ``PASSED_VARIABLES``, those
+    under ``PASSED_PREFIXES``, and the names in ``also`` (the owner's ``--pass-env``)."""
+    extra = frozenset(also)
     return {
         name: value
         for name, value in environ.items()
-        if name in PASSED_VARIABLES or name.startswith(PASSED_PREFIXES)
+        if name in PASSED_VARIABLES or name in extra or name.startswith(PASSED_PREFIXES)
     }
+
+
+def passable_names(names: Iterable[str]) -> tuple[str, ...]:
+    """The owner's ``--pass-env`` names (comma-separated items split); BadInputError for a
+    name that is not a variable's, or one of the worker's own ``TUNER_*`` settings."""
+    items = tuple(n.strip() for text in names for n in text.split(",") if n.strip())
+    for name in items:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name.upper().startswith("TUNER_"):
+            raise BadInputError(
+                f"--pass-env {name!r} must name an environment variable outside TUNER_*, "
+                "e.g. --pass-env HF_TOKEN: the worker's own settings never reach a job"
+            )
+    return items
 
 
 def public_reason(reason: str, *, secrets: Iterable[str | None] = ()) -> str:

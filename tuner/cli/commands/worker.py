@@ -65,6 +65,16 @@ def add_parser(commands: Any) -> None:
         "token run any code here. Required",
     )
     worker.add_argument(
+        "--pass-env",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="an environment variable a job's profile may read, repeatable "
+        "(TUNER_WORKER_PASS_ENV, comma-separated), e.g. HF_TOKEN for gated models. A job "
+        "gets only the path, locale, Python, CUDA, NCCL, PyTorch and thread variables "
+        "otherwise, never TUNER_*",
+    )
+    worker.add_argument(
         "--ranks",
         type=positive_int,
         default=None,
@@ -94,6 +104,7 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace, stderr: Console) -> int:
     from tuner.worker.allow import AllowList
     from tuner.worker.loop import Worker, WorkerSettings, describe_device
+    from tuner.worker.profile_run import passable_names
 
     settings = WorkerSettings()
     url = args.url or settings.url
@@ -111,6 +122,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
             "e.g. --allow examples or --allow mypkg.models; a job queued by any write token "
             "runs here as this user"
         )
+    pass_env = passable_names(args.pass_env or settings.pass_env)
     memory_limit = args.memory_limit or settings.memory_limit
     identity = describe_device(args.device or settings.device, memory_limit)
     worker = Worker(
@@ -119,6 +131,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         identity=identity,
         name=args.name or settings.name,
         allow=allow,
+        pass_env=pass_env,
         memory_limit_bytes=memory_limit,
         poll_interval=args.poll_interval or settings.poll_interval,
         job_timeout=args.job_timeout or settings.job_timeout,
