@@ -23,8 +23,9 @@ from tuner.core.results import Profile
 MLP = ["examples.mlp:workload", "-o", "hidden=64", "-o", "layers=1", "--memory-limit", "4MiB",
        "--max", "64"]  # fmt: skip
 # The smallest GPT whose DDP profile is quick (as in test_world_sizes.py).
-DDP_GPT = ["examples.gpt:workload", "-o", "layers=1", "-o", "dim=64", "-o", "heads=2",
-           "-o", "vocab=2048", "-o", "seq_len=8", "--memory-limit", "6MiB", "--max", "16"]  # fmt: skip
+DDP_GPT = ["examples.gpt:workload", "-o", "layers=1", "-o", "dim=64", "-o", "heads=2", "-o",
+           "vocab=2048", "-o", "seq_len=8", "--memory-limit", "6MiB", "--max", "16"]  # fmt: skip
+DDP = [*DDP_GPT, "--world-size", "2", "--parallel", "ddp", "--no-explore"]
 # Nothing fits as loaded; only checkpointing with bf16 fits one sample (test_explore_cli.py).
 STACK = ["tests.variant_workloads:stack", "--memory-limit", "290000"]
 LENGTHS_GPT = ["examples.gpt:workload", "-o", "vocab=64", "-o", "dim=16", "-o", "layers=1",
@@ -37,13 +38,16 @@ COMBINATIONS = {
     "global-batch-size": [*MLP, "--global-batch-size", "100"],
     "upload": [*MLP, "--upload"],
     "global-batch-size+upload": [*MLP, "--global-batch-size", "100", "--upload"],
-    "parallel": [*DDP_GPT, "--world-size", "2", "--parallel", "ddp", "--no-explore"],
-    "parallel+global-batch-size+upload": [*DDP_GPT, "--world-size", "2", "--parallel", "ddp",
-                                          "--no-explore", "--global-batch-size", "32",
-                                          "--upload"],  # fmt: skip
+    "parallel": DDP,
+    "parallel+global-batch-size+upload": [*DDP, "--global-batch-size", "32", "--upload"],
     "explore": [*STACK, "--explore"],
-    "explore+global-batch-size+upload": [*STACK, "--explore", "--global-batch-size", "4",
-                                         "--upload"],  # fmt: skip
+    "explore+global-batch-size+upload": [
+        *STACK,
+        "--explore",
+        "--global-batch-size",
+        "4",
+        "--upload",
+    ],
     "seq-lens": LENGTHS_GPT,
     "seq-lens+global-batch-size+upload": [*LENGTHS_GPT, "--global-batch-size", "32", "--upload"],
 }
@@ -80,8 +84,8 @@ def printed(service: Service, arguments: list[str]) -> dict[str, Any]:
 
 def own_fields(document: dict[str, Any]) -> dict[str, Any]:
     """The profile's own fields of a printed or stored profile, as JSON."""
-    profile = Profile.model_validate({k: v for k, v in document.items() if k in Profile.model_fields})
-    return profile.model_dump(mode="json")
+    own = {k: v for k, v in document.items() if k in Profile.model_fields}
+    return Profile.model_validate(own).model_dump(mode="json")
 
 
 @pytest.mark.parametrize("name", list(COMBINATIONS))
