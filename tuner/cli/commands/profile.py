@@ -193,7 +193,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
 
     found = profile.max_micro_batch_size
     recommendation = None
-    advised = workload
+    advised, loaded = workload, profile
     if exploration is not None:
         # The answer is the chosen variant's: its profile, plan and stored id say it,
         # everywhere (the loaded workload's when no variant fits).
@@ -209,7 +209,10 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
             global_batch_size=args.global_batch_size,
             world_size=args.world_size,
         )
-    advice += _short_memory_advice(profile, recommendation, advised)
+    # The JSON (and the upload) is the chosen variant's profile; the text shows the loaded
+    # workload's probes and then the variants table, which names the chosen one.
+    shown, advised = (profile, advised) if args.json else (loaded, workload)
+    advice += _short_memory_advice(shown, recommendation, advised)
     uploaded, upload_error = None, None
     others: list[int] = []
     if client is not None:
@@ -237,8 +240,8 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     else:
         out = Console()
         # Exploring, the recommendation is the chosen variant's: the table says which.
-        shown = None if exploration is not None else recommendation
-        print_profile(out, profile, shown, world_size=args.world_size, advice=advice)
+        plan = None if exploration is not None else recommendation
+        print_profile(out, shown, plan, world_size=args.world_size, advice=advice)
         if exploration is not None:
             print_exploration(out, exploration)
     stored = f"profile {uploaded}" if client is not None and uploaded is not None else None
