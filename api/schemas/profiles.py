@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
 from api.schemas.common import (
     INT64_MAX,
@@ -141,17 +141,20 @@ class LengthsReportCreate(reports.LengthsReport):
     profiles: list[ProfileReportCreate] = Field(min_length=1, max_length=64)  # type: ignore[assignment]
 
 
-def _printed_shape(document: Any) -> str:
-    # A --seq-lens document is the only one with a list of profiles: no union guessing,
-    # so a bad profile gets the errors of the profile schema alone.
-    if isinstance(document, dict):
-        return "lengths" if "profiles" in document else "profile"
-    return "lengths" if isinstance(document, reports.LengthsReport) else "profile"
+def _printed(document: Any) -> ProfileReportCreate | LengthsReportCreate:
+    # A --seq-lens document is the only one with a list of profiles. Chosen by that, not
+    # by trying both, so a bad profile's errors are those of the profile schema alone,
+    # located as FastAPI locates them (body.probes.0...).
+    if isinstance(document, ProfileReportCreate | LengthsReportCreate):
+        return document
+    if isinstance(document, dict) and "profiles" in document:
+        return LengthsReportCreate.model_validate(document)
+    return ProfileReportCreate.model_validate(document)
 
 
 PrintedProfile = Annotated[
-    Annotated[ProfileReportCreate, Tag("profile")] | Annotated[LengthsReportCreate, Tag("lengths")],
-    Discriminator(_printed_shape),
+    ProfileReportCreate | LengthsReportCreate,
+    PlainValidator(_printed, json_schema_input_type=ProfileReportCreate | LengthsReportCreate),
 ]
 
 
