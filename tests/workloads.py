@@ -161,3 +161,25 @@ def oom_on_rank_one(*, above: int = 3) -> Workload:
 
     workload.loss_fn = loss_fn
     return workload
+
+
+def tiny_ranks(*, width: int = 16, seq_len: int = 4) -> Workload:
+    """:func:`tiny` whose ``make_batch`` draws each rank's own samples, so that it profiles
+    under DDP on several ranks (``tests.workloads:tiny_ranks``)."""
+    torch.manual_seed(0)
+
+    def make_batch(n: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(rank)
+        inputs = torch.randn(n, seq_len, FEATURES, generator=generator)
+        return inputs, torch.randint(0, CLASSES, (n, seq_len), generator=generator)
+
+    def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        inputs, labels = batch
+        return F.cross_entropy(model(inputs).flatten(0, 1), labels.flatten())
+
+    return Workload(
+        model=Tiny(width),
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+        make_batch=make_batch,
+        loss_fn=loss_fn,
+    )

@@ -8,7 +8,14 @@ from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import DatabaseDep, ReadAccess, UploadAccess
 from api.schemas.common import INT32_MAX
-from api.schemas.profiles import ProfileCreate, ProfilePublic, ProfileQuery, ProfilesPublic
+from api.schemas.profiles import (
+    PrintedProfile,
+    ProfilePublic,
+    ProfileQuery,
+    ProfileReportCreate,
+    ProfilesCreated,
+    ProfilesPublic,
+)
 from api.schemas.variants import VariantsPublic
 from api.store import profiles as store
 from api.store.variants import variants_of
@@ -20,14 +27,20 @@ ProfileId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the profile's i
 
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_profile(
-    body: ProfileCreate, db: DatabaseDep, _: UploadAccess, response: Response
-) -> ProfilePublic:
-    """Store a profile with its probes (201; the same profile sent again answers 200)."""
+    body: PrintedProfile, db: DatabaseDep, _: UploadAccess, response: Response
+) -> ProfilePublic | ProfilesCreated:
+    """Store a profile with its probes, as ``tuner profile --json`` prints it (201; the same
+    profile sent again answers 200); a ``--seq-lens`` document stores every length's
+    profile, all or none."""
+    printed = body.profiles if not isinstance(body, ProfileReportCreate) else [body]
     with db.session(write=True) as session:
-        row, created = store.save_profile(session, body)
-        if not created:
+        saved = [store.save_profile(session, profile.create()) for profile in printed]
+        if not any(created for _, created in saved):
             response.status_code = status.HTTP_200_OK
-        return store.to_public(row)
+        stored = [store.to_public(row) for row, _ in saved]
+    if isinstance(body, ProfileReportCreate):
+        return stored[0]
+    return ProfilesCreated(data=stored, count=len(stored))
 
 
 @router.get("")

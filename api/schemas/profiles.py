@@ -1,13 +1,16 @@
-"""Profiles: ``ProfileCreate`` is ``tuner.core.results.Profile`` (what ``tuner profile --json``
-prints, less the recommendation keys it adds), with every value bounded to what the store
-keeps. ``ProfilePublic`` adds the ids; list pages carry ``ProfileSummary`` (no probes)."""
+"""Profiles: ``ProfileCreate`` is ``tuner.core.results.Profile``, with every value bounded to
+what the store keeps. ``POST /api/v1/profiles`` takes what ``tuner profile --json`` prints,
+as printed: ``ProfileReportCreate`` (a profile and what the command adds beside it, which
+is checked and not stored) or, for ``--seq-lens``, ``LengthsReportCreate`` (a profile per
+length, stored together). ``ProfilePublic`` adds the ids; list pages carry
+``ProfileSummary`` (no probes)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
 from api.schemas.common import (
     INT64_MAX,
@@ -29,7 +32,7 @@ from api.schemas.common import (
 )
 from api.schemas.devices import DeviceInfoCreate
 from api.schemas.workloads import WorkloadInfoCreate
-from tuner.core import results
+from tuner.core import reports, results
 
 SignedInt64 = Annotated[int, Field(ge=-INT64_MAX, le=INT64_MAX)]
 # A workload option's value in a variant, as `-o name=value` gives it.
@@ -115,12 +118,59 @@ class ProfileCreate(results.Profile):
         return self
 
 
+class ProfileReportCreate(ProfileCreate, reports.ProfileReport):
+    """What ``tuner profile --json`` prints: the profile, with the fields the command adds
+    (``reports.ADDED_FIELDS``) checked against it and then dropped, never stored."""
+
+    advice: list[LongText] | None = Field(default=None, max_length=64)
+
+    def create(self) -> ProfileCreate:
+        """The profile alone, as the store keeps it."""
+        return ProfileCreate.model_validate(
+            self.model_dump(include=set(ProfileCreate.model_fields))
+        )
+
+
+class LengthsReportCreate(reports.LengthsReport):
+    """What ``tuner profile --seq-lens … --json`` prints: a profile per length."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    length_family: Key | None
+    seq_lens: list[PositiveInt32] = Field(max_length=64)
+    profiles: list[ProfileReportCreate] = Field(min_length=1, max_length=64)  # type: ignore[assignment]
+
+
+def _printed(document: Any) -> ProfileReportCreate | LengthsReportCreate:
+    # A --seq-lens document is the only one with a list of profiles. Chosen by that, not
+    # by trying both, so a bad profile's errors are those of the profile schema alone,
+    # located as FastAPI locates them (body.probes.0...).
+    if isinstance(document, ProfileReportCreate | LengthsReportCreate):
+        return document
+    if isinstance(document, dict) and "profiles" in document:
+        return LengthsReportCreate.model_validate(document)
+    return ProfileReportCreate.model_validate(document)
+
+
+PrintedProfile = Annotated[
+    ProfileReportCreate | LengthsReportCreate,
+    PlainValidator(_printed, json_schema_input_type=ProfileReportCreate | LengthsReportCreate),
+]
+
+
 class ProfilePublic(ProfileCreate):
     """A stored profile with its probes."""
 
     id: int
     workload_id: int
     device_id: int
+
+
+class ProfilesCreated(BaseModel):
+    """The profiles of a ``--seq-lens`` document, stored, in its order."""
+
+    data: list[ProfilePublic]
+    count: int
 
 
 class ProfileSummary(BaseModel):

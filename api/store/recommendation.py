@@ -141,6 +141,17 @@ class _Device(NamedTuple):
     key: str
     name: str
     capacity_bytes: int
+    kind: str
+
+    def profile_command(self, workload: _Workload, *flags: str) -> str:
+        """The ``tuner profile`` command that measures ``workload`` on this device, as a
+        person runs it: a CPU device is its memory limit, which the command needs."""
+        device = (
+            ["--device", "cpu", "--memory-limit", str(self.capacity_bytes)]
+            if self.kind == "cpu"
+            else []
+        )
+        return " ".join(["tuner profile", workload.target or "TARGET", *device, *flags, "--upload"])
 
 
 def _select(*columns: Any) -> Select[Any]:
@@ -174,7 +185,8 @@ class _Reads:
         )
         self.world_profiles = PreparedSelect(_world_profiles_statement(), dialect)
         self.device = PreparedSelect(
-            by_key_or_name(_D.key, _D.name, _D.id, _D.key, _D.name, _D.capacity_bytes), dialect
+            by_key_or_name(_D.key, _D.name, _D.id, _D.key, _D.name, _D.capacity_bytes, _D.kind),
+            dialect,
         )
         self.newest_measured = PreparedSelect(_newest_measured_statement(), dialect)
         self.newest_fit = PreparedSelect(
@@ -326,8 +338,9 @@ class _Answering:
                 raise NotFoundError(
                     f"workload {w.name!r} ({w.key}) has no {mode} profile on device "
                     f"{self.device.name!r} ({self.device.key}), and no one-process profile to "
-                    f"warn from: profile it (`tuner profile {w.target or 'TARGET'} --world-size "
-                    f"{self.query.world_size} --parallel {mode} --upload`) or queue a job for it"
+                    "warn from: profile it "
+                    f"(`{self.device.profile_command(w, *self.ranks_flags())}`) or queue a job "
+                    "for it"
                 )
             return self.with_caveat(self.one_process(sibling))
         if w.parallel_mode == "none":
@@ -351,8 +364,8 @@ class _Answering:
             raise NotFoundError(
                 f"workload {workload.name!r} ({workload.key}) has no profile on device "
                 f"{device.name!r} ({device.key}), and none on another device to estimate "
-                f"from: profile it on this device (`tuner profile {workload.target or 'TARGET'} "
-                "--upload`) or queue a job for it"
+                "from: profile it on this device "
+                f"(`{device.profile_command(workload)}`) or queue a job for it"
             )
         profile_id, device_key, created_at, headroom, size_cap, fixed, per_sample, points = fitted[
             0
@@ -436,9 +449,9 @@ class _Answering:
             )
             raise BadInputError(
                 f"workload {workload.name!r} ({workload.key}) was profiled {measured}, not "
-                f"as a family of lengths: profile it at several (`tuner profile "
-                f"{workload.target or 'TARGET'} --seq-lens 512,1024,2048 --upload`) to ask "
-                "for other lengths"
+                "as a family of lengths: profile it at several (`"
+                f"{self.device.profile_command(workload, '--seq-lens', '512,1024,2048')}`) to "
+                "ask for other lengths"
             )
         members = {
             member.seq_len: member
@@ -469,12 +482,12 @@ class _Answering:
                     measured[length] = newest
         if len(measured) < 2:
             have = ", ".join(map(str, measured)) or "none"
+            suggested = _suggested_lengths(seq_len, list(measured))
             raise NotFoundError(
                 f"seq_len {seq_len} was not profiled on device {self.device.name!r} "
                 f"({self.device.key}) at world size {world_size}, and an estimate needs two "
                 f"or more measured lengths there (measured: {have}): profile it "
-                f"(`tuner profile {self.workload.target or 'TARGET'} --seq-lens "
-                f"{_suggested_lengths(seq_len, list(measured))} --upload`)"
+                f"(`{self.device.profile_command(self.workload, '--seq-lens', suggested)}`)"
             )
         lengths = list(measured)
         based_on = list(measured.values())
@@ -547,9 +560,9 @@ class _Answering:
             policy=query.policy,
             oom_limit=self._below(limit),
         )
-        # The estimate's peak is for its own size; a smaller choice (an OOM limit, the
-        # batch) has no figure of its own.
-        peak = peak_bytes if chosen.micro_batch_size == max_micro_batch_size else None
+        # The estimate's peak is for its own size M*; a smaller choice (an OOM limit, the
+        # batch) peaks no higher, so that figure bounds it, as a measured plan's does.
+        peak = peak_bytes
         return chosen.model_copy(
             update={
                 "basis": "estimated",
@@ -596,14 +609,17 @@ class _Answering:
         )
         return _Workload(*rows[0]) if rows else None
 
+    def ranks_flags(self) -> tuple[str, ...]:
+        """The flags that profile the run's ranks as it trains."""
+        return ("--world-size", str(self.query.world_size), "--parallel", self.mode)
+
     def with_caveat(self, answer: RecommendationPublic) -> RecommendationPublic:
         """A one-process answer for a DDP or FSDP run: ``estimated``, and saying why."""
         ranks = f"{self.query.world_size} rank{'s' if self.query.world_size != 1 else ''}"
         caveat = (
             f"this workload was only measured in one process, not under {self.mode} on "
-            f"{ranks}: {_MISSES[self.mode]}; profile it as it trains (`tuner profile "
-            f"{self.workload.target or 'TARGET'} --world-size {self.query.world_size} "
-            f"--parallel {self.mode} --upload`)"
+            f"{ranks}: {_MISSES[self.mode]}; profile it as it trains "
+            f"(`{self.device.profile_command(self.workload, *self.ranks_flags())}`)"
         )
         return answer.model_copy(
             update={"basis": "estimated", "one_process_only": True, "caveat": caveat}

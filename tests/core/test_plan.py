@@ -228,7 +228,7 @@ def test_balanced_split_of_an_awkward_batch() -> None:
 @pytest.mark.parametrize(
     ("policy", "probes", "global_batch", "words"),
     [
-        ("balanced", [], 256, ["fewest micro batches", "M* = 31", "29, not 31"]),
+        ("balanced", [], 256, ["fewest micro batches", "M* = 31", "29, not of 31"]),
         ("balanced", [], 248, ["8 equal micro batches of 31"]),
         ("max", [], 256, ["largest", "M* = 31", "remainder 8"]),
         ("even", [], 256, ["no divisor of 256", "measured throughput"]),

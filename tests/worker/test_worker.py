@@ -18,6 +18,8 @@ from pydantic import ValidationError
 
 from tests.api.documents import sample_profile
 from tuner.core.errors import BadInputError
+from tuner.core.plan import recommend
+from tuner.core.reports import ProfileReport
 from tuner.engine.backends import make_backend
 from tuner.engine.fingerprint import device_key
 from tuner.worker.allow import AllowList
@@ -92,9 +94,10 @@ def test_a_jobs_memory_limit_overrides_the_workers() -> None:
 
 def test_the_printed_profile_is_read_back_exactly() -> None:
     profile = sample_profile()
-    document = profile.model_dump(mode="json")
-    assert "peak_bytes" in document["probes"][0]  # what `tuner profile --json` prints
-    document["recommendation"] = {"micro_batch_size": 8}
+    plan = recommend(max_micro_batch_size=8, probes=profile.probes, global_batch_size=32)
+    # What `tuner profile --global-batch-size 32 --json` prints: the plan and advice beside.
+    document = ProfileReport.of(profile, recommendation=plan, advice=[]).document()
+    assert "peak_bytes" in document["probes"][0]
     stdout = printed(json.dumps(document), "the workload printed this", "{not json either")
     assert profile_from_output(stdout) == profile
 

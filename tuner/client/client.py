@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, overload
 
-from pydantic import Field, JsonValue
+from pydantic import Field, JsonValue, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.schemas.jobs import JobPublic
@@ -42,6 +42,7 @@ from api.schemas.recommendation import RecommendationPublic
 from tuner.client.answer_cache import AnswerCache, Question, default_cache_dir, redact
 from tuner.core import plan
 from tuner.core.errors import BadInputError, ServiceUnavailableError, TunerError
+from tuner.core.reports import ProfileReport
 from tuner.core.results import Profile
 
 HTTP_SCHEMES = ("http", "https")
@@ -343,10 +344,18 @@ class TunerClient:
 
     # Profiles
 
-    def upload_profile(self, profile: Profile) -> ProfilePublic:
-        """Store ``profile``; sending the same one again returns the stored copy."""
-        # Exactly what `tuner profile --json` prints (the service drops the derived peak_bytes).
-        return self._store.upload_profile(profile.model_dump(mode="json"))
+    def upload_profile(self, profile: Profile | Mapping[str, Any]) -> ProfilePublic:
+        """Store ``profile``; sending the same one again returns the stored copy.
+
+        ``profile`` is a :class:`Profile`, or a document as ``tuner profile --json`` prints
+        it (checked here first; what the command adds beside the profile is not stored).
+        """
+        if not isinstance(profile, Profile):
+            profile = _printed_profile(profile)
+        # Only the profile's own fields: the service drops the derived peak_bytes.
+        return self._store.upload_profile(
+            profile.model_dump(mode="json", include=set(Profile.model_fields))
+        )
 
     def get_profile(self, profile_id: int) -> ProfilePublic:
         """One stored profile with its probes."""
@@ -546,6 +555,28 @@ class OomReporter:
             )
         else:
             self.reported.append(failed_size)
+
+
+def _printed_profile(document: Mapping[str, Any]) -> Profile:
+    """A ``tuner profile --json`` document as the profile it holds, or what is wrong with it."""
+    if not isinstance(document, Mapping):
+        raise BadInputError(
+            f"upload_profile takes a Profile or a dict as tuner profile --json prints it, "
+            f"not {type(document).__name__}"
+        )
+    if "profiles" in document:
+        raise BadInputError(
+            "this is a tuner profile --seq-lens document: upload each of its 'profiles' "
+            "(or POST the whole document to /api/v1/profiles)"
+        )
+    try:
+        return ProfileReport.model_validate(dict(document))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error.get("loc", ())) or "the profile"
+        raise BadInputError(
+            f"not a profile as tuner profile --json prints it: {where}: {error['msg']}"
+        ) from None
 
 
 def _fallback_answer(fallback: Fallback, question: Question) -> OfflineRecommendation:

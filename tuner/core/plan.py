@@ -197,10 +197,14 @@ def _choose(
         if len(set(split)) == 1:
             why = f"{fewest} equal micro batches of {split[0]}, the fewest that fit M* = {m_star}"
         else:
+            peak = (
+                f"so the peak is that of {split[0]}, not of {m_star}"
+                if split[0] < m_star
+                else "so the peak is that of M* itself"
+            )
             why = (
                 f"the fewest micro batches that fit M* = {m_star} (⌈{per_rank} / {m_star}⌉ = "
-                f"{fewest}), sizes within one of each other, so the peak is that of "
-                f"{split[0]}, not {m_star}"
+                f"{fewest}), sizes within one of each other ({format_split(split)}), {peak}"
             )
         return split, f"balanced: {why}"
     if policy == "throughput":

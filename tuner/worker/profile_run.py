@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from tuner.core.errors import BadInputError
-from tuner.core.results import ProbeResult, Profile
+from tuner.core.reports import ProfileReport
+from tuner.core.results import Profile
 
 EXIT_MEANINGS = {
     1: "the workload raised an error that is not an out-of-memory",
@@ -210,23 +211,13 @@ def tail_of(stream: IO[bytes]) -> str:
 def profile_from_output(stdout: str) -> Profile:
     """The profile ``tuner profile --json`` printed: its last line that is a JSON object.
 
-    Earlier lines may be the workload's own prints. Computed fields in the printed JSON
-    (``peak_bytes``) are dropped before validation, since the schema computes them.
+    Earlier lines may be the workload's own prints. What the command adds beside the
+    profile (the plan, the stored id, the advice) is checked and left out.
     """
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines:
         raise ValueError("tuner profile printed no JSON profile on stdout")
-    document = json.loads(lines[-1])
-    # What the command adds beside the profile: the plan (with --global-batch-size), the
-    # stored id (with --upload) and its advice.
-    for name in ("micro_batch_size", "grad_accum", "recommendation", "profile_id", "advice"):
-        document.pop(name, None)
-    probes = [*document.get("probes", []), document.get("oversize_probe")]
-    for probe in probes:
-        if isinstance(probe, dict):
-            for computed in ProbeResult.model_computed_fields:
-                probe.pop(computed, None)
-    return Profile.model_validate(document)
+    return ProfileReport.model_validate_json(lines[-1]).profile()
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -15,6 +15,7 @@ from rich.table import Table
 from tuner.cli.commands._args import EXIT_FAILED, EXIT_NOTHING_FITS, EXIT_OK
 from tuner.core.errors import BadInputError, TunerError
 from tuner.core.lengths import EXTRAPOLATION, SHORTEST_FRACTION, LengthFit, fit_length_profiles
+from tuner.core.reports import LengthsReport, ProfileReport
 from tuner.core.units import format_bytes
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ def run_lengths(args: argparse.Namespace, stderr: Console) -> int:
             except TunerError as exc:
                 upload_error = exc  # the profiles are still printed: the probing is kept
     if args.json:
-        document = _document(profiles, plans, fit, uploaded)
+        document = _document(profiles, plans, fit, uploaded).document()
         sys.stdout.write(json.dumps(document) + "\n")
     else:
         print_lengths(Console(), profiles, plans, fit, no_fit, stored=bool(uploaded))
@@ -219,25 +220,21 @@ def _document(
     plans: list[Recommendation | None],
     fit: LengthFit | None,
     uploaded: list[int],
-) -> dict[str, Any]:
+) -> LengthsReport:
     """``--json``: the family, the fit and every length's profile (with its plan and id)."""
-    documents = []
-    for index, (profile, plan) in enumerate(zip(profiles, plans, strict=True)):
-        document = profile.model_dump(mode="json")
-        document["seq_len"] = profile.workload.seq_len
-        document["tokens_per_micro_batch"] = profile.max_micro_batch_size * (
-            profile.workload.seq_len or 0
-        )
-        if plan is not None:
-            document["micro_batch_size"] = plan.micro_batch_size
-            document["grad_accum"] = plan.grad_accum
-            document["recommendation"] = plan.model_dump(mode="json")
-        if uploaded:
-            document["profile_id"] = uploaded[index]
-        documents.append(document)
-    return {
-        "length_family": profiles[0].workload.length_family,
-        "seq_lens": [p.workload.seq_len for p in profiles],
-        "fit": fit.model_dump(mode="json") if fit is not None else None,
-        "profiles": documents,
-    }
+    return LengthsReport(
+        length_family=profiles[0].workload.length_family,
+        seq_lens=[p.workload.seq_len or 0 for p in profiles],
+        fit=fit,
+        profiles=[
+            ProfileReport.of(
+                profile,
+                recommendation=plan,
+                profile_id=uploaded[index] if uploaded else None,
+                seq_len=profile.workload.seq_len,
+                tokens_per_micro_batch=profile.max_micro_batch_size
+                * (profile.workload.seq_len or 0),
+            )
+            for index, (profile, plan) in enumerate(zip(profiles, plans, strict=True))
+        ],
+    )

@@ -20,6 +20,7 @@ from tuner.cli.commands._args import (
 )
 from tuner.cli.commands._lengths import run_lengths, seq_lens
 from tuner.core.errors import BadInputError, TunerError
+from tuner.core.reports import ProfileReport, VariantSummary
 
 if TYPE_CHECKING:
     from tuner.core.results import Profile
@@ -192,11 +193,15 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
 
     found = profile.max_micro_batch_size
     recommendation = None
+    advised, loaded = workload, profile
     if exploration is not None:
-        profile = exploration.variants[0].profile  # the loaded workload's, linked to the rest
-        chosen = exploration.chosen
-        recommendation = chosen.recommendation if chosen is not None else None
-        found = chosen.profile.max_micro_batch_size if chosen is not None else 0
+        # The answer is the chosen variant's: its profile, plan and stored id say it,
+        # everywhere (the loaded workload's when no variant fits).
+        chosen = exploration.chosen or exploration.variants[0]
+        profile, recommendation = chosen.profile, chosen.recommendation
+        found = profile.max_micro_batch_size
+        if chosen.options:
+            advised = load_workload(args.target, {**workload.options, **chosen.options})
     elif found and args.global_batch_size is not None:
         recommendation = recommend(
             max_micro_batch_size=found,
@@ -204,40 +209,49 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
             global_batch_size=args.global_batch_size,
             world_size=args.world_size,
         )
-    advice += _short_memory_advice(profile, recommendation, workload)
+    # The JSON (and the upload) is the chosen variant's profile; the text shows the loaded
+    # workload's probes and then the variants table, which names the chosen one.
+    shown, advised = (profile, advised) if args.json else (loaded, workload)
+    advice += _short_memory_advice(shown, recommendation, advised)
     uploaded, upload_error = None, None
+    others: list[int] = []
     if client is not None:
         with client:
             try:
-                uploaded = client.upload_profile(profile).id
-                for outcome in exploration.variants[1:] if exploration else []:
-                    client.upload_profile(outcome.profile)
+                # Every variant is stored (the service compares them); the id reported
+                # is that of the profile shown.
+                to_store = [o.profile for o in exploration.variants] if exploration else [profile]
+                ids = [client.upload_profile(p).id for p in to_store]
+                uploaded = next(i for p, i in zip(to_store, ids, strict=True) if p is profile)
+                others = [i for i in ids if i != uploaded]
             except TunerError as exc:
                 upload_error = exc  # the profile is still printed: minutes of probing are kept
     if args.json:
-        document = profile.model_dump(mode="json")
-        if recommendation is not None:
-            document["micro_batch_size"] = recommendation.micro_batch_size
-            document["grad_accum"] = recommendation.grad_accum
-            document["recommendation"] = recommendation.model_dump(mode="json")
-        if uploaded is not None:
-            document["profile_id"] = uploaded
-        document["advice"] = advice
-        if exploration is not None:
-            document["variants"] = [_variant_document(o, exploration) for o in exploration.variants]
-        sys.stdout.write(json.dumps(document) + "\n")
+        report = ProfileReport.of(
+            profile,
+            recommendation=recommendation,
+            profile_id=uploaded,
+            advice=advice,
+            variants=[_variant_summary(o, exploration) for o in exploration.variants]
+            if exploration is not None
+            else None,
+        )
+        sys.stdout.write(json.dumps(report.document()) + "\n")
     else:
         out = Console()
         # Exploring, the recommendation is the chosen variant's: the table says which.
-        shown = None if exploration is not None else recommendation
-        print_profile(out, profile, shown, world_size=args.world_size, advice=advice)
+        plan = None if exploration is not None else recommendation
+        print_profile(out, shown, plan, world_size=args.world_size, advice=advice)
         if exploration is not None:
             print_exploration(out, exploration)
     stored = f"profile {uploaded}" if client is not None and uploaded is not None else None
+    if stored is not None and others:
+        shown_as = "the chosen variant" if exploration and exploration.chosen else "as loaded"
+        stored += f" ({shown_as}; the other variants as {', '.join(map(str, others))})"
     if not report_upload(stderr, client, stored, upload_error, "the profile was", args.json):
         return EXIT_FAILED
     if not found:
-        stderr.print(nothing_fits_advice(profile, workload), highlight=False, markup=False)
+        stderr.print(nothing_fits_advice(profile, advised), highlight=False, markup=False)
         return EXIT_NOTHING_FITS
     return EXIT_OK
 
@@ -339,16 +353,15 @@ def _explore(
     )
 
 
-def _variant_document(outcome: VariantOutcome, exploration: Exploration) -> dict[str, Any]:
-    plan = outcome.recommendation
-    return {
-        "variant": outcome.options,
-        "variant_group": outcome.profile.variant_group,
-        "max_micro_batch_size": outcome.profile.max_micro_batch_size,
-        "recommendation": plan.model_dump(mode="json") if plan is not None else None,
-        "samples_per_second": outcome.samples_per_second,
-        "chosen": outcome is exploration.chosen,
-    }
+def _variant_summary(outcome: VariantOutcome, exploration: Exploration) -> VariantSummary:
+    return VariantSummary(
+        variant=outcome.options,
+        variant_group=outcome.profile.variant_group,
+        max_micro_batch_size=outcome.profile.max_micro_batch_size,
+        recommendation=outcome.recommendation,
+        samples_per_second=outcome.samples_per_second,
+        chosen=outcome is exploration.chosen,
+    )
 
 
 def _parallel_advice(

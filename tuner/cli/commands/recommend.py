@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from tuner.cli.commands._args import EXIT_NOTHING_FITS, EXIT_OK, positive_int
-from tuner.core.errors import NothingFitsError
+from tuner.cli.commands._args import EXIT_FAILED, EXIT_NOTHING_FITS, EXIT_OK, positive_int
+from tuner.core.errors import NothingFitsError, ServiceUnavailableError
 from tuner.core.parallel import PARALLEL_MODES
 from tuner.core.plan import DEFAULT_POLICY, POLICIES
 from tuner.core.units import format_bytes
@@ -93,6 +93,20 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
                 f"tuner recommend: {exc.message}", highlight=False, markup=False, soft_wrap=True
             )
             return EXIT_NOTHING_FITS
+        except ServiceUnavailableError as exc:
+            # The client's own message tells a program to pass fallback=, which a person at
+            # the command line cannot: say what they can do.
+            cause = exc.__cause__
+            reason = cause.message if isinstance(cause, ServiceUnavailableError) else exc.message
+            stderr.print(
+                f"tuner recommend: {reason}; no earlier answer to this question is cached: "
+                "start the service or give its address with --url (or TUNER_URL), then ask "
+                "again",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
+            return EXIT_FAILED
     if args.json:
         sys.stdout.write(answer.model_dump_json() + "\n")
         return EXIT_OK
@@ -105,12 +119,18 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         f"{answer.workload_name} on {answer.device_name}: {source}, "
         f"{_age(answer.profile_age_s)} old"
     )
-    numbers = [f"expected peak {format_bytes(answer.expected_peak_bytes)}"]
+    numbers = []
+    if answer.expected_peak_bytes is not None:
+        numbers.append(f"expected peak {format_bytes(answer.expected_peak_bytes)}")
     if answer.expected_headroom_bytes is not None:
         numbers.append(f"headroom {format_bytes(answer.expected_headroom_bytes)}")
     if answer.expected_samples_per_second is not None:
         numbers.append(f"{answer.expected_samples_per_second:.1f} samples/s")
-    print(f"{answer.basis}: " + ", ".join(numbers))
+    print(
+        f"{answer.basis}: " + ", ".join(numbers)
+        if numbers
+        else f"{answer.basis}: no peak or speed is known for this size"
+    )
     if answer.caveat is not None:
         print(f"caution: {answer.caveat}")
     if answer.oom_limit is not None:
