@@ -70,12 +70,12 @@ class AccessLog:
         try:
             await self.app(scope, receive, send_and_note)
         finally:
-            log_request(
-                scope["method"],
-                logged_target(
-                    scope.get("raw_path") or scope["path"].encode(), scope["query_string"]
-                ),
-                status,
-                time.perf_counter() - started,
-                scope.get("state", {}).get(TOKEN_NAME),
-            )
+            if LOGGER.isEnabledFor(logging.INFO):  # else the line need not even be made
+                path = scope.get("raw_path") or scope["path"].encode()
+                log_request(
+                    scope["method"],
+                    logged_target(path, scope["query_string"]),
+                    status,
+                    time.perf_counter() - started,
+                    scope.get("state", {}).get(TOKEN_NAME),
+                )

@@ -29,9 +29,9 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
-from http import HTTPStatus
 from collections import OrderedDict
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, Literal, overload
 
 import uvicorn
