@@ -57,8 +57,8 @@ class ServingConfig(uvicorn.Config):
     """uvicorn's configuration with :class:`ConnectionLimits`, which travel with it to
     every server process."""
 
-    def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
-        super().__init__(*args, http=GuardedHttpProtocol, **kwargs)
+    def __init__(self, app: str, *, limits: ConnectionLimits, **kwargs: Any) -> None:
+        super().__init__(app, http=GuardedHttpProtocol, **kwargs)
         self.limits = limits
 
 

@@ -160,6 +160,7 @@ def tuner_serve(
     def limit_open_files() -> None:
         import resource
 
+        assert open_files is not None
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, hard))
 
@@ -171,8 +172,9 @@ def tuner_serve(
         preexec_fn=limit_open_files if open_files is not None else None,
     )
     lines = stderr_lines if stderr_lines is not None else []
-    assert server.stderr is not None
-    reader = threading.Thread(target=lambda: lines.extend(server.stderr), daemon=True)
+    stderr = server.stderr
+    assert stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(stderr), daemon=True)
     reader.start()
     url = f"http://127.0.0.1:{port}"
     try:
@@ -194,7 +196,7 @@ def tuner_serve(
         server.terminate()
         server.wait(timeout=30)
         reader.join(timeout=10)
-        server.stderr.close()
+        stderr.close()
         errors = "".join(lines)
         assert "Traceback" not in errors, errors
         assert "locked" not in errors, errors
