@@ -183,7 +183,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.app = app
 
     def on_message_complete(self) -> None:
-        if self.cycle.response_complete:  # answered early (a refusal): wait for the next one
+        if self.cycle is not None and self.cycle.response_complete:
+            # Answered before its body was in (a refusal): now waiting for the next request.
             self.waiting.add(self, self.loop.time())
         else:
             self.waiting.deadlines.pop(self, None)  # the whole request is in

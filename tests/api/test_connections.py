@@ -17,9 +17,12 @@ from api import migrate
 from api.config import ServiceSettings
 from api.db import Database
 from api.main import create_app
+from api.routes.recommendation import question_key
+from api.schemas.recommendation import RecommendationQuery
 from tests.api.conftest import make_token
 from tests.api.documents import sample_profile
 from tests.services import ServerThread, tuner_serve
+from tuner.client.answer_cache import Question
 
 QUESTION = {"workload": "w" * 24, "device": "d" * 24, "global_batch_size": 64}
 HALF_A_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: tuner\r\n"  # the headers never end
@@ -253,3 +256,19 @@ def test_no_access_log_turns_it_off(served_url: str) -> None:
         assert httpx.get(url + "/healthz").status_code == 200
     # The server has stopped: all it wrote is in.
     assert [line for line in lines if " token=" in line] == [], lines
+
+
+def test_the_python_clients_questions_are_spelled_as_their_cache_keys() -> None:
+    """So that a training job's repeated question is found before it is parsed."""
+    question = Question(
+        service="http://tuner",
+        workload="gpt small/v2",
+        device="d" * 24,
+        global_batch_size=64,
+        world_size=2,
+        policy="max",
+        parallel="ddp",
+        seq_len=128,
+    )
+    sent = str(httpx.QueryParams(question.params())).encode()  # as the client's httpx sends it
+    assert sent == question_key(RecommendationQuery.model_validate(question.params()))
