@@ -15,7 +15,11 @@ of uvicorn's, so this subclass of its httptools protocol adds them:
   check, a training job's question) are still accepted and answered;
 - refusals: a request target (path and query string) over ``max_target_bytes`` is answered
   414 and a header section over ``max_header_bytes`` 431, with the service's JSON error
-  body, before anything is buffered past those sizes.
+  body; a head that outgrows both without ending is answered 431 at once, so no more than
+  their sum and one read is buffered for it.
+
+uvicorn's own ``limit_concurrency`` is not used: it counts open connections, so held
+half-open ones would make every request, ``/healthz`` included, a 503.
 
 Connections waiting for a request are kept in arrival order, and every one waits the same
 time at most, so the oldest is both the first to expire and the one to close when the
