@@ -29,6 +29,31 @@ class ServiceSettings(BaseSettings):
         default=1, ge=1, le=64, description="server processes; one per core is a good start"
     )
     max_body_bytes: int = 1024 * 1024
+    # Limits on what a connection may hold (enforced by api.connections under `tuner serve`).
+    request_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds a client has to send a whole request, from the connection's "
+        "opening or the end of its last response; slower connections are closed",
+    )
+    keep_alive_timeout_s: float = Field(
+        default=5.0, gt=0, description="an idle keep-alive connection is closed after this"
+    )
+    max_connections: int = Field(
+        default=2048,
+        ge=1,
+        description="open connections per server process; past it, the connection that has "
+        "waited longest without sending a whole request is closed",
+    )
+    max_target_bytes: int = Field(
+        default=4096, ge=256, description="longest path and query string (else 414)"
+    )
+    max_header_bytes: int = Field(
+        default=16 * 1024, ge=1024, description="largest header section (else 431)"
+    )
+    access_log: bool = Field(
+        default=True, description="one line per request on stderr (never the token)"
+    )
     lease_seconds: float = Field(default=60.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     write_rate_limit: str | None = Field(

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from api.access_log import TOKEN_NAME
 from api.cache import GenerationCache, SingleFlight
 from api.config import ServiceSettings
 from api.db import Database
@@ -132,6 +133,7 @@ async def authorize(request: Request, scope: str, *alternatives: str) -> Princip
     if token is None:
         settings: ServiceSettings = request.app.state.settings
         if scope == "read" and settings.public_reads:
+            request.scope.setdefault("state", {})[TOKEN_NAME] = ANONYMOUS_READER.name
             return ANONYMOUS_READER
         cookie_only = TOKEN_COOKIE in request.cookies
         raise AuthenticationError(
@@ -142,6 +144,7 @@ async def authorize(request: Request, scope: str, *alternatives: str) -> Princip
             "(an admin creates one with `tuner token create`)"
         )
     principal = await _principal(request, token)
+    request.scope.setdefault("state", {})[TOKEN_NAME] = principal.name  # for the access log
     accepted = (scope, *alternatives)
     if not any(principal.allows(one) for one in accepted):
         require_scope(principal, " or ".join(accepted))  # raises, naming what is needed

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api import migrate
+from api.access_log import AccessLog
 from api.cache import GenerationCache, SingleFlight
 from api.config import ServiceSettings
 from api.dashboard.routes import install as install_dashboard
@@ -78,6 +79,8 @@ def create_app(settings: ServiceSettings | None = None, *, prepare: bool = True)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(recommendation.CachedAnswers, path=f"{API_PREFIX}/recommendation")
+    if settings.access_log:
+        app.add_middleware(AccessLog)  # outermost: it times and sees every answer
     # Routes are matched in order: the question every training job asks comes first.
     app.include_router(recommendation.router, prefix=API_PREFIX)
     app.include_router(health.router)

@@ -7,8 +7,13 @@ questions that are all different (workload, device, global batch size, world siz
 policy), and records the server's resident memory (``VmRSS``) as it goes, with how many
 answers the cache holds at most.
 
-Run: ``python bench/service_memory.py``, or ``--quick`` for a smoke run that writes
-nothing.
+The padded case asks one question spelled many ways: padded with ``&`` up to the longest
+query string the service takes (4 KiB), the padding moved by one byte each time, then
+padded with 63,000 ``&`` (past the limit: 414). Answers are cached under the question, not
+its spelling, so the server's memory stays flat.
+
+Run: ``python bench/service_memory.py`` (both cases), ``--case padded`` or ``--case
+distinct`` for one, ``--quick`` for a smoke run that writes nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +33,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from api.cache import GenerationCache
+from api.config import ServiceSettings
 from bench.common import machine_line, markdown_table, write_section
 from bench.service import fill_store, start
 from tests.services import free_port
@@ -53,19 +60,110 @@ def questions(paths: list[str]) -> itertools.chain[str]:
     )
 
 
+def padded(path: str, spelling: int, length: int) -> str:
+    """``path``'s question with its query string padded with ``&`` to ``length`` bytes,
+    the padding split differently for each ``spelling``."""
+    head, _, query = path.partition("?")
+    padding = length - len(query)
+    before = spelling % padding
+    return f"{head}?{'&' * before}{query}{'&' * (padding - before)}"
+
+
+def ask_padded(
+    client: httpx.Client, pid: int, path: str, *, total: int, every: int, length: int
+) -> tuple[list[list[str]], dict[int, int]]:
+    """RSS every ``every`` of ``total`` askings of ``path`` padded to ``length`` bytes."""
+    rows = [["0", f"{resident_mib(pid):.0f}"]]
+    statuses: dict[int, int] = {}
+    with ThreadPoolExecutor(4) as pool:
+        for done in range(every, total + 1, every):
+            spellings = [padded(path, n, length) for n in range(done - every, done)]
+            for status in pool.map(lambda p: client.get(p).status_code, spellings):
+                statuses[status] = statuses.get(status, 0) + 1
+            rows.append([f"{done:,}", f"{resident_mib(pid):.0f}"])
+            print("  ".join(rows[-1]), flush=True)
+    return rows, statuses
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="service memory under distinct questions")
     parser.add_argument("--quick", action="store_true", help="small smoke run; writes nothing")
+    parser.add_argument("--case", choices=("distinct", "padded", "both"), default="both")
     args = parser.parse_args(argv)
-    total, every = (4_000, 1_000) if args.quick else (100_000, 10_000)
+    if args.case in ("padded", "both"):
+        measure_padded(quick=args.quick)
+    if args.case in ("distinct", "both"):
+        measure_distinct(quick=args.quick)
+    return 0
+
+
+def serve(url: str) -> tuple[subprocess.Popen[bytes], int]:
+    """``tuner serve`` over ``url``, one process; the access log off (memory is measured,
+    and its lines would fill the terminal)."""
+    port = free_port()
+    env = {**os.environ, "TUNER_DATABASE_URL": url}
+    command = [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port), "--no-access-log"]
+    return start(command, port, env, "/healthz"), port
+
+
+def measure_padded(*, quick: bool) -> None:
+    total, every = (2_000, 500) if quick else (10_000, 1_000)
+    workdir = Path(tempfile.mkdtemp(prefix="tuner-bench-"))
+    url = f"sqlite:///{workdir / 'tuner.db'}"
+    token, paths = fill_store(url, workloads=10, devices=2, history=1)
+    server, port = serve(url)
+    limit = ServiceSettings().max_target_bytes
+    # The longest query string taken: the whole target within the limit.
+    within = limit - len(paths[0].partition("?")[0]) - 1
+    try:
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60
+        ) as client:
+            started = time.perf_counter()
+            taken, taken_statuses = ask_padded(
+                client, server.pid, paths[0], total=total, every=every, length=within
+            )
+            refused, refused_statuses = ask_padded(
+                client, server.pid, paths[0], total=total // 2, every=every, length=63_000
+            )
+            seconds = time.perf_counter() - started
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    rows = [[*taken[0], ""], *([*row, "200"] for row in taken[1:])]
+    rows += [[f"+{row[0]}", row[1], "414"] for row in refused[1:]]
+    body = "\n\n".join(
+        [
+            "## Service memory under one question respelled (`bench/service_memory.py`)",
+            f"Machine: {machine_line()}. `tuner serve`, one process, SQLite, the access log "
+            f"off; one recommendation question asked {total:,} times with its query string "
+            f"padded with `&` to {within:,} bytes (the whole target within the service's "
+            f"{limit:,}-byte limit), the padding split differently each time, then "
+            f"{total // 2:,} times padded to 63,000 bytes; 4 client threads ({seconds:.0f} s). "
+            f"Statuses: {_counts(taken_statuses)} within the limit, "
+            f"{_counts(refused_statuses)} past it. Before answers were cached under the "
+            "question, every spelling was a new cache entry of its own size: ~60 KiB a "
+            "request at 63,000 bytes (127 to 402 MiB over 4,660 requests).",
+            markdown_table(["requests", "server RSS (MiB)", "status"], rows),
+        ]
+    )
+    print()
+    print(body)
+    if not quick:
+        write_section("service-memory-padded", body)
+
+
+def _counts(statuses: dict[int, int]) -> str:
+    return ", ".join(f"{count:,} × {status}" for status, count in sorted(statuses.items()))
+
+
+def measure_distinct(*, quick: bool) -> None:
+    total, every = (4_000, 1_000) if quick else (100_000, 10_000)
     workdir = Path(tempfile.mkdtemp(prefix="tuner-bench-"))
     url = f"sqlite:///{workdir / 'tuner.db'}"
     token, paths = fill_store(url, workloads=100, devices=10, history=1)
-    port = free_port()
-    env = {**os.environ, "TUNER_DATABASE_URL": url}
-    server = start(
-        [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port)], port, env, "/healthz"
-    )
+    server, port = serve(url)
     rows = []
     try:
         headers = {"Authorization": f"Bearer {token}"}
@@ -96,9 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     print(body)
-    if not args.quick:
+    if not quick:
         write_section("service-memory", body)
-    return 0
 
 
 if __name__ == "__main__":

@@ -143,17 +143,39 @@ class ServerThread:
 
 
 @contextlib.contextmanager
-def tuner_serve(database_url: str, *arguments: str) -> Iterator[str]:
+def tuner_serve(
+    database_url: str,
+    *arguments: str,
+    open_files: int | None = None,
+    stderr_lines: list[str] | None = None,
+) -> Iterator[str]:
     """`tuner serve` in its own process(es), as deployed; yield its base URL. Anything the
-    server logs on the way (a traceback, "database is locked") fails the test."""
+    server logs on the way (a traceback, "database is locked") fails the test.
+    ``open_files``: the server starts with that soft limit on open files (RLIMIT_NOFILE).
+    ``stderr_lines`` receives what the server writes on stderr (its access log), as it
+    writes it: read all along, so that a long test never fills the pipe."""
     port = free_port()
     command = [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port), *arguments]
+
+    def limit_open_files() -> None:
+        import resource
+
+        assert open_files is not None
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, hard))
+
     server = subprocess.Popen(
         [*command, "--database-url", database_url],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=limit_open_files if open_files is not None else None,
     )
+    lines = stderr_lines if stderr_lines is not None else []
+    stderr = server.stderr
+    assert stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(stderr), daemon=True)
+    reader.start()
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -164,12 +186,17 @@ def tuner_serve(database_url: str, *arguments: str) -> Iterator[str]:
             except httpx.TransportError:
                 pass
             if server.poll() is not None or time.monotonic() > deadline:
-                assert server.stderr is not None
-                raise RuntimeError(f"tuner serve did not start: {server.stderr.read()}")
+                server.kill()
+                server.wait(timeout=30)
+                reader.join(timeout=10)
+                raise RuntimeError(f"tuner serve did not start: {''.join(lines)}")
             time.sleep(0.1)
         yield url
     finally:
         server.terminate()
-        _, errors = server.communicate(timeout=30)
+        server.wait(timeout=30)
+        reader.join(timeout=10)
+        stderr.close()
+        errors = "".join(lines)
         assert "Traceback" not in errors, errors
         assert "locked" not in errors, errors

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from typing import Any, NamedTuple
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.access_log import TOKEN_NAME
 from api.cache import GenerationCache
 from api.db import Database
 from api.deps import authorize, bearer_token, current_generation, known_principal
@@ -49,21 +51,53 @@ class Answer(NamedTuple):
 async def get_recommendation(request: Request) -> Response:
     """Settings for a global batch on a device: measured, or estimated from another device."""
     # Every training job asks this at start-up, mostly the same few questions: an answer
-    # is computed once per store generation and kept ready to send. The route takes the
-    # request alone and reads its token and query itself, which halves FastAPI's own
-    # share of the work (dependency and parameter solving, ~55 µs a call).
+    # is computed once per store generation and kept ready to send, under the question's
+    # key (question_key), which a query string spelled as the key finds unparsed. The
+    # route takes the request alone and reads its token and query itself, which halves
+    # FastAPI's own share of the work (dependency and parameter solving, ~55 µs a call).
     await authorize(request, "read")
     cache: GenerationCache[Answer] = request.app.state.recommendations
-    # Keyed by the query string as sent: a repeated question is answered without even
-    # being parsed again (the same question spelled two ways is merely cached twice).
-    key: bytes = request.scope["query_string"]
     generation = current_generation(request)
-    answer = cache.get(key, generation)
+    answer = cache.get(request.scope["query_string"], generation)
     if answer is None:
-        answer = await computed_answer(
-            request.app.state, parse_query(request, RecommendationQuery), key, generation
-        )
+        query = parse_query(request, RecommendationQuery)
+        answer = await cached_or_computed(request.app.state, query, generation)
     return Response(answer.body(), media_type="application/json")
+
+
+# The order the Python client asks in (tuner.client's Question), so that its questions,
+# spelled as this key spells them, are found without being parsed.
+QUESTION_ORDER = (
+    "workload",
+    "device",
+    "global_batch_size",
+    "world_size",
+    "policy",
+    "parallel",
+    "seq_len",
+    "tokens_per_micro_batch",
+)
+
+
+def question_key(query: RecommendationQuery) -> bytes:
+    """The question's cache key: its validated fields, query-encoded in one order.
+
+    A question spelled another way (parameters reordered, padded with ``&``, a number
+    written ``064``) has the same key, so a client cannot grow the cache by respelling one
+    question; a request whose query string *is* the key (as the Python client sends it) is
+    looked up before being parsed, the cached answer's fast path.
+    """
+    values = query.model_dump(mode="json")
+    return urlencode(
+        [(name, values[name]) for name in QUESTION_ORDER if values[name] is not None]
+    ).encode()
+
+
+async def cached_or_computed(state: Any, query: RecommendationQuery, generation: int) -> Answer:
+    """The answer to ``query``: cached under its key, or computed and cached."""
+    key = question_key(query)
+    cache: GenerationCache[Answer] = state.recommendations
+    return cache.get(key, generation) or await computed_answer(state, query, key, generation)
 
 
 async def computed_answer(
@@ -110,9 +144,10 @@ class CachedAnswers:
             if generation is not None:
                 state = scope["app"].state
                 cache: GenerationCache[Answer] = state.recommendations
-                key: bytes = scope["query_string"]
                 # A repeated question (most of them) costs one lookup, nothing awaited.
-                answer = cache.get(key, generation) or await _computed(scope, key, generation)
+                answer = cache.get(scope["query_string"], generation) or await _computed(
+                    scope, generation
+                )
                 if answer is not None:
                     body = answer.body()
                     await send(
@@ -147,16 +182,18 @@ class CachedAnswers:
                 principal = known_principal(state, token, generation)
                 if principal is None or not principal.allows("read"):
                     return None
+                scope["state"][TOKEN_NAME] = principal.name  # for the access log
         except Exception:
             return None  # the route will meet the same trouble and answer it properly
         return generation
 
 
-async def _computed(scope: Scope, key: bytes, generation: int) -> Answer | None:
-    """The answer computed here, or ``None`` to let the route meet the trouble (a query
-    that does not parse, a question the store refuses) and answer it properly."""
+async def _computed(scope: Scope, generation: int) -> Answer | None:
+    """The answer found under the question's key or computed here, or ``None`` to let the
+    route meet the trouble (a query that does not parse, a question the store refuses) and
+    answer it properly."""
     try:
         query = parse_query(Request(scope), RecommendationQuery)
-        return await computed_answer(scope["app"].state, query, key, generation)
+        return await cached_or_computed(scope["app"].state, query, generation)
     except Exception:
         return None

@@ -1,0 +1,274 @@
+"""`tuner serve` against clients that hold connections open, send too much, or respell one
+question: real server processes, real sockets."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from api import migrate
+from api.config import ServiceSettings
+from api.db import Database
+from api.main import create_app
+from api.routes.recommendation import question_key
+from api.schemas.recommendation import RecommendationQuery
+from tests.api.conftest import make_token
+from tests.api.documents import sample_profile
+from tests.services import ServerThread, tuner_serve
+from tuner.client.answer_cache import Question
+
+QUESTION = {"workload": "w" * 24, "device": "d" * 24, "global_batch_size": 64}
+HALF_A_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: tuner\r\n"  # the headers never end
+
+
+@pytest.fixture
+def served_url(sqlite_url: str) -> str:
+    """An SQLite store with one profile behind QUESTION, and its read token."""
+    migrate.upgrade(sqlite_url)
+    return sqlite_url
+
+
+def _stored_profile(url: str) -> str:
+    """A read token for the store at ``url``, which now holds one profile."""
+    database = Database(url)
+    try:
+        admin = make_token(database, "admin", name="admin")
+        reader = make_token(database, "read", name="trainer")
+    finally:
+        database.dispose()
+    app = create_app(ServiceSettings(database_url=url))
+    with ServerThread(app) as server:
+        profile = sample_profile(max_micro_batch_size=16).model_dump(mode="json")
+        response = httpx.post(
+            server.url + "/api/v1/profiles",
+            json=profile,
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert response.is_success, response.text
+    return reader
+
+
+@contextmanager
+def half_open(
+    url: str, count: int, *, first: bytes = HALF_A_REQUEST
+) -> Iterator[list[socket.socket]]:
+    """``count`` connections that each send ``first`` (part of a request) and go quiet."""
+    address = urlsplit(url)
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.create_connection((address.hostname, address.port), timeout=10)
+            if first:
+                sock.sendall(first)
+            sockets.append(sock)
+        yield sockets
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def closed_by_server(sockets: list[socket.socket], *, wait_s: float) -> int:
+    """How many of ``sockets`` the server has closed (end of stream or reset), waiting up
+    to ``wait_s`` for all of them."""
+    selector = selectors.DefaultSelector()
+    for sock in sockets:
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ)
+    closed = 0
+    deadline = time.monotonic() + wait_s
+    while closed < len(sockets) and time.monotonic() < deadline:
+        for key, _ in selector.select(timeout=0.5):
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            try:
+                ended = sock.recv(65536) == b""
+            except ConnectionError:
+                ended = True
+            if ended:
+                selector.unregister(sock)
+                closed += 1
+    selector.close()
+    return closed
+
+
+def _still_answers(url: str, token: str) -> None:
+    with httpx.Client(base_url=url, timeout=10) as client:
+        assert client.get("/healthz").status_code == 200
+        response = client.get(
+            "/api/v1/recommendation",
+            params=QUESTION,
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["micro_batch_size"] == 16
+
+
+def test_connections_that_never_finish_a_request_are_closed_after_the_timeout(
+    served_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = _stored_profile(served_url)
+    monkeypatch.setenv("TUNER_REQUEST_TIMEOUT_S", "1")
+    with tuner_serve(served_url) as url:
+        with (
+            half_open(url, 300) as heads,
+            half_open(url, 20, first=b"") as silent,
+            half_open(url, 20, first=b"GET /heal") as partial_lines,
+        ):
+            _still_answers(url, token)  # while they are held
+            held = heads + silent + partial_lines
+            # Without the timeout uvicorn keeps every one of them open for ever.
+            assert closed_by_server(held, wait_s=30) == len(held)
+        _still_answers(url, token)
+
+
+def test_a_process_out_of_room_closes_the_longest_waiting_connections_and_keeps_answering(
+    served_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2,000 half-open connections against a process that may hold 200 (and started with
+    1,024 open files, which uvicorn alone runs out of): the health check and a training
+    job's question are still answered, long before any request timeout."""
+    token = _stored_profile(served_url)
+    monkeypatch.setenv("TUNER_REQUEST_TIMEOUT_S", "600")
+    monkeypatch.setenv("TUNER_MAX_CONNECTIONS", "200")
+    with tuner_serve(served_url, open_files=1024) as url, half_open(url, 2_000) as held:
+        _still_answers(url, token)
+        assert closed_by_server(held, wait_s=30) >= 2_000 - 200
+
+
+def test_a_long_query_string_is_refused_with_414_and_long_headers_with_431(
+    served_url: str,
+) -> None:
+    token = _stored_profile(served_url)
+    headers = {"Authorization": f"Bearer {token}"}
+    with tuner_serve(served_url) as url, httpx.Client(base_url=url, timeout=30) as client:
+        padded = "/api/v1/recommendation?" + "&" * 63_000 + httpx.QueryParams(QUESTION).__str__()
+        response = client.get(padded, headers=headers)
+        assert response.status_code == 414
+        assert response.json()["error"]["code"] == "uri_too_long"
+        assert "4096 bytes" in response.json()["error"]["message"]
+
+        response = client.get("/healthz", headers={"X-Padding": "x" * 20_000})
+        assert response.status_code == 431
+        assert response.json()["error"]["code"] == "headers_too_large"
+
+        many = [(f"x-h{i}", "y" * 50) for i in range(1_000)]  # 56 KB in small headers
+        response = client.get("/healthz", headers=many)
+        assert response.status_code == 431
+
+        # Within the limits, the same question is answered.
+        response = client.get("/api/v1/recommendation", params=QUESTION, headers=headers)
+        assert response.status_code == 200
+
+
+def test_a_head_that_never_ends_is_refused_before_it_is_buffered(served_url: str) -> None:
+    with tuner_serve(served_url) as url:
+        address = urlsplit(url)
+        with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nX-Long: ")
+            answer = b""
+            try:
+                for _ in range(100):  # 6.4 MB at most, never a newline
+                    sock.sendall(b"a" * 65536)
+            except ConnectionError:
+                pass  # the server answered and hung up while this was still sending
+            try:
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            except ConnectionError:
+                pass
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+
+
+def test_respelling_one_question_adds_no_cached_answer(
+    served_url: str,
+) -> None:
+    """Padded with ``&``, reordered, a number spelled ``064``: one question, one entry."""
+    token = _stored_profile(served_url)
+    app = create_app(ServiceSettings(database_url=served_url))
+    with (
+        ServerThread(app) as server,
+        httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        ) as client,
+    ):
+        spellings = [httpx.QueryParams(QUESTION).__str__()]
+        spellings += ["&" * n + spellings[0] for n in range(1, 300)]
+        spellings += [
+            "global_batch_size=64&device={device}&workload={workload}".format(**QUESTION),
+            "workload={workload}&device={device}&global_batch_size=064&world_size=1".format(
+                **QUESTION
+            ),
+        ]
+        for spelling in spellings:
+            response = client.get("/api/v1/recommendation?" + spelling)
+            assert response.status_code == 200, response.text
+            assert response.json()["micro_batch_size"] == 16
+        assert len(app.state.recommendations) == 1
+
+
+def _request_lines(lines: list[str], count: int) -> list[str]:
+    """The access log's lines once ``count`` have been written (or after 10 s)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        logged = [line for line in lines if " token=" in line]
+        if len(logged) >= count:
+            return logged
+        time.sleep(0.05)
+    return [line for line in lines if " token=" in line]
+
+
+def test_each_request_is_logged_with_its_tokens_name_never_the_token_or_the_values(
+    served_url: str,
+) -> None:
+    token = _stored_profile(served_url)
+    lines: list[str] = []
+    with tuner_serve(served_url, stderr_lines=lines) as url, httpx.Client(base_url=url) as client:
+        asked = {"Authorization": f"Bearer {token}"}
+        for _ in range(2):  # computed, then from the cache's fast path
+            assert client.get("/api/v1/recommendation", params=QUESTION, headers=asked).is_success
+        unknown = {"Authorization": "Bearer not-a-token-of-ours"}
+        assert client.get("/api/v1/workloads", headers=unknown).status_code == 401
+        logged = _request_lines(lines, 4)  # the start-up health check, and these three
+    assert len(logged) == 4, lines
+    health, computed, cached, refused = logged
+    assert health.startswith("GET /healthz 200 ")
+    for line in (computed, cached):
+        assert line.startswith("GET /api/v1/recommendation?workload&device&global_batch_size 200 ")
+        assert line.rstrip().endswith(" token=trainer")
+    assert refused.startswith("GET /api/v1/workloads 401 ")
+    assert refused.rstrip().endswith(" token=-")
+    everything = "".join(lines)
+    assert token not in everything
+    assert "not-a-token-of-ours" not in everything
+    assert QUESTION["workload"] not in everything  # values stay out
+
+
+def test_no_access_log_turns_it_off(served_url: str) -> None:
+    lines: list[str] = []
+    with tuner_serve(served_url, "--no-access-log", stderr_lines=lines) as url:
+        assert httpx.get(url + "/healthz").status_code == 200
+    # The server has stopped: all it wrote is in.
+    assert [line for line in lines if " token=" in line] == [], lines
+
+
+def test_the_python_clients_questions_are_spelled_as_their_cache_keys() -> None:
+    """So that a training job's repeated question is found before it is parsed."""
+    question = Question(
+        service="http://tuner",
+        workload="gpt small/v2",
+        device="d" * 24,
+        global_batch_size=64,
+        world_size=2,
+        policy="max",
+        parallel="ddp",
+        seq_len=128,
+    )
+    sent = str(httpx.QueryParams(question.params())).encode()  # as the client's httpx sends it
+    assert sent == question_key(RecommendationQuery.model_validate(question.params()))
