@@ -20,11 +20,11 @@ ProfileId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the profile's i
 
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_profile(
-    body: ProfileCreate, db: DatabaseDep, _: UploadAccess, response: Response
+    body: ProfileCreate, db: DatabaseDep, caller: UploadAccess, response: Response
 ) -> ProfilePublic:
     """Store a profile with its probes (201; the same profile sent again answers 200)."""
     with db.session(write=True) as session:
-        row, created = store.save_profile(session, body)
+        row, created = store.save_profile(session, body, registered_by=caller.token_id)
         if not created:
             response.status_code = status.HTTP_200_OK
         return store.to_public(row)
