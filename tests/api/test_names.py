@@ -163,3 +163,30 @@ def test_a_name_keeps_answering_as_its_owner_profiles_more(http: httpx.Client) -
 def test_an_unknown_name_says_where_names_come_from(http: httpx.Client) -> None:
     error = error_of(recommendation(http, workload="nobody", global_batch_size=1), 404)
     assert "tuner profile TARGET --upload" in error["message"]
+
+
+def test_a_jobs_results_join_the_name_of_whoever_queued_it(
+    service: ServerThread, database: Database, alice: httpx.Client
+) -> None:
+    """Alice profiles in one process, then queues a DDP job that a worker (its own
+    ``worker`` token) measures: the DDP workload is Alice's, so her name answers it."""
+    from tests.api.jobs_helpers import api_client, claim, queue, register
+
+    upload(alice, _alices(created_at=at(0)))
+    ddp = _alices(created_at=at(5)).model_copy(
+        update={"workload_key": "p" * 24, "world_size": 2, "parallel": Parallel(mode="ddp")}
+    )
+    with (
+        api_client(service, make_token(database, "worker", name="gpu-host")) as worker,
+        httpx.Client(base_url=f"{service.url}/api/v1", headers=alice.headers) as requester,
+    ):
+        job = queue(requester, device="cpu-test")
+        claimed = claim(worker, register(worker, device_key=ALICE_DEVICE))
+        assert claimed is not None
+        assert claimed["job"]["id"] == job["id"]
+        lease = claimed["lease"]["lease_id"]
+        body = {"lease_id": lease, "profile": ddp.model_dump(mode="json")}
+        done = worker.post(f"/jobs/{job['id']}/result", json=body)
+        assert done.status_code == 200, done.text
+    answer = _ok(recommendation(alice, global_batch_size=12, world_size=2, parallel="ddp"))
+    assert (answer["workload_key"], answer["basis"]) == ("p" * 24, "measured")

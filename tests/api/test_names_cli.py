@@ -39,7 +39,8 @@ def test_names_answer_after_profiling_at_two_cpu_limits(
         for limit in ("4MiB", "6MiB")
     ]
     names = [profile["device"]["name"] for profile in profiles]
-    assert names[0].endswith(" (4 MiB limit)") and names[1].endswith(" (6 MiB limit)")
+    assert names[0].endswith(" (4 MiB limit)")
+    assert names[1].endswith(" (6 MiB limit)")
     listed = http.get("/api/v1/devices").json()["data"]
     assert sorted(row["name"] for row in listed) == sorted(names)
     workload = profiles[0]["workload"]["name"]
