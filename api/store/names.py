@@ -15,6 +15,8 @@ The rule, the same for every reader, whoever wrote since:
    last; when that profile is one variant of an exploration (``--explore``), the
    exploration's fastest variant at its own M* (what ``tuner profile --explore`` chooses
    without a global batch). A device name picks the device registered last.
+4. A family of lengths (``--seq-lens``) is, like a name, its first member's registrant's:
+   the lengths a question by length reads are that registrant's workloads only.
 
 So profiling more (another limit, another mode, an exploration, a changed model) keeps a
 name answering, and the answer follows the owner's newest work.
@@ -60,6 +62,24 @@ def by_reference(table: Named, *columns: Any) -> Select[Any]:
     )
     owned = and_(table.name == reference, table.registered_by.is_not_distinct_from(owner))
     return select(*columns).where(or_(table.key == reference, owned)).order_by(table.id)
+
+
+def family_statement(*columns: Any) -> Select[Any]:
+    """``columns`` of the workloads of the length family bound as ``family``, registered
+    by the registrant of its first member: a family's lengths, like a name, are its
+    owner's (another token's workload of the same shapes cannot join its estimates)."""
+    family: BindParameter[str] = bindparam("family")
+    table = models.Workload
+    owner = (
+        select(table.registered_by)
+        .where(table.length_family == family)
+        .order_by(table.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    return select(*columns).where(
+        table.length_family == family, table.registered_by.is_not_distinct_from(owner)
+    )
 
 
 def newest_profile_statement() -> Select[Any]:

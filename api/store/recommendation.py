@@ -27,6 +27,7 @@ from api.store.names import (
     by_reference,
     choose_device,
     choose_workload,
+    family_statement,
     newest_profile_statement,
 )
 from api.store.oom_reports import smallest_limit
@@ -175,9 +176,7 @@ class _Reads:
             .limit(1),
             dialect,
         )
-        self.family = PreparedSelect(
-            _select(*_WORKLOAD_COLUMNS).where(_W.length_family == bindparam("family")), dialect
-        )
+        self.family = PreparedSelect(family_statement(*_WORKLOAD_COLUMNS), dialect)
         self.world_profiles = PreparedSelect(_world_profiles_statement(), dialect)
         self.device = PreparedSelect(
             by_reference(_D, _D.id, _D.key, _D.name, _D.capacity_bytes), dialect

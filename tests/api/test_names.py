@@ -190,3 +190,24 @@ def test_a_jobs_results_join_the_name_of_whoever_queued_it(
         assert done.status_code == 200, done.text
     answer = _ok(recommendation(alice, global_batch_size=12, world_size=2, parallel="ddp"))
     assert (answer["workload_key"], answer["basis"]) == ("p" * 24, "measured")
+
+
+def test_another_tokens_workload_cannot_join_a_length_family(
+    http: httpx.Client, alice: httpx.Client, mallory: httpx.Client
+) -> None:
+    """A family of lengths is its first member's registrant's: Mallory's member of Alice's
+    family at the same length is never the one a question by length reads."""
+    family = "q" * 24
+
+    def member(key: str, found: int, minutes: float) -> Profile:
+        profile = sample_profile(
+            workload_key=key, max_micro_batch_size=found, created_at=at(minutes)
+        )
+        workload = profile.workload.model_copy(update={"seq_len": 16, "length_family": family})
+        return profile.model_copy(update={"workload": workload})
+
+    upload(alice, member(ALICE_WORKLOAD, 8, 0))
+    upload(mallory, member(MALLORY_WORKLOAD, 1, 5))
+    for reference in (family, "gpt-test"):
+        answer = _ok(recommendation(http, workload=reference, seq_len=16, global_batch_size=8))
+        assert (answer["workload_key"], answer["max_micro_batch_size"]) == (ALICE_WORKLOAD, 8)
