@@ -77,6 +77,10 @@ class Device(Base):
     name: Mapped[str] = mapped_column(String(200), index=True)
     capacity_bytes: Mapped[int] = mapped_column(BigInteger)
     details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # The token that registered it (migration 0010): a name belongs to the registrant of
+    # its first row, and resolves among that registrant's rows only (api.store.names).
+    # None for rows stored before, and for stores without tokens.
+    registered_by: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -98,6 +102,10 @@ class Workload(Base):
     # differ only in length share a family, which answers for lengths nobody profiled.
     seq_len: Mapped[int | None] = mapped_column(Integer)
     length_family: Mapped[str | None] = mapped_column(String(64), index=True)
+    # The token that registered it (migration 0010): a name belongs to the registrant of
+    # its first row, and resolves among that registrant's rows only (api.store.names).
+    # None for rows stored before, and for stores without tokens.
+    registered_by: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -253,6 +261,9 @@ class Job(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column()
     profile_id: Mapped[int | None] = mapped_column(ForeignKey("profiles.id", ondelete="SET NULL"))
     error: Mapped[str | None] = mapped_column(Text)
+    # The token that queued it (migration 0010): what the job measures is registered in
+    # its name, not the worker's. None for jobs queued before.
+    requested_by: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -18,11 +18,11 @@ DeviceId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the device's id"
 
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_device(
-    body: DeviceCreate, db: DatabaseDep, _: UploadAccess, response: Response
+    body: DeviceCreate, db: DatabaseDep, caller: UploadAccess, response: Response
 ) -> DevicePublic:
     """Register a device by its key (201; the same registration again answers 200)."""
     with db.session(write=True) as session:
-        device, created = store.create_device(session, body)
+        device, created = store.create_device(session, body, registered_by=caller.token_id)
         if not created:
             response.status_code = status.HTTP_200_OK
         return DevicePublic.model_validate(device)

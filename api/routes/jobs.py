@@ -37,11 +37,13 @@ def _sweep_if_needed(db: DatabaseDep) -> None:
 
 @router.post("", status_code=201)
 def create_job(
-    body: JobCreate, db: DatabaseDep, settings: SettingsDep, _: WriteAccess
+    body: JobCreate, db: DatabaseDep, settings: SettingsDep, caller: WriteAccess
 ) -> JobPublic:
     """Queue a profiling job for a device (its key or its name)."""
     with db.session(write=True) as session:
-        job = store.create_job(session, body, max_attempts=settings.max_attempts)
+        job = store.create_job(
+            session, body, max_attempts=settings.max_attempts, requested_by=caller.token_id
+        )
         return JobPublic.model_validate(job)
 
 

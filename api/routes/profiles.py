@@ -27,14 +27,17 @@ ProfileId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the profile's i
 
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_profile(
-    body: PrintedProfile, db: DatabaseDep, _: UploadAccess, response: Response
+    body: PrintedProfile, db: DatabaseDep, caller: UploadAccess, response: Response
 ) -> ProfilePublic | ProfilesCreated:
     """Store a profile with its probes, as ``tuner profile --json`` prints it (201; the same
     profile sent again answers 200); a ``--seq-lens`` document stores every length's
     profile, all or none."""
     printed = body.profiles if not isinstance(body, ProfileReportCreate) else [body]
     with db.session(write=True) as session:
-        saved = [store.save_profile(session, profile.create()) for profile in printed]
+        saved = [
+            store.save_profile(session, profile.create(), registered_by=caller.token_id)
+            for profile in printed
+        ]
         if not any(created for _, created in saved):
             response.status_code = status.HTTP_200_OK
         stored = [store.to_public(row) for row, _ in saved]

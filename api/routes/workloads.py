@@ -18,11 +18,11 @@ WorkloadId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the workload's
 
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_workload(
-    body: WorkloadCreate, db: DatabaseDep, _: UploadAccess, response: Response
+    body: WorkloadCreate, db: DatabaseDep, caller: UploadAccess, response: Response
 ) -> WorkloadPublic:
     """Register a workload by its key (201; the same registration again answers 200)."""
     with db.session(write=True) as session:
-        workload, created = store.create_workload(session, body)
+        workload, created = store.create_workload(session, body, registered_by=caller.token_id)
         if not created:
             response.status_code = status.HTTP_200_OK
         return WorkloadPublic.model_validate(workload)

@@ -49,7 +49,7 @@ def _when(moment: datetime | None) -> str:
 def register_worker(session: Session, body: WorkerCreate, caller: Principal) -> models.Worker:
     """A new worker on the device ``body`` describes (the device is created if new), bound
     to the token that registers it."""
-    device = upsert_device(session, body.device_key, body.device)
+    device = upsert_device(session, body.device_key, body.device, registered_by=caller.token_id)
     worker = models.Worker(name=body.name, device=device, token_id=caller.token_id)
     session.add(worker)
     session.flush()
@@ -89,7 +89,11 @@ def check_acts_for(worker: models.Worker, caller: Principal) -> None:
 # Jobs
 
 
-def create_job(session: Session, body: JobCreate, *, max_attempts: int) -> models.Job:
+def create_job(
+    session: Session, body: JobCreate, *, max_attempts: int, requested_by: int | None = None
+) -> models.Job:
+    """Queue ``body``, requested by the token ``requested_by``: what it measures is
+    registered in that token's name (``api.store.names``), not the worker's."""
     now = models.utcnow()
     job = models.Job(
         target=body.target,
@@ -99,6 +103,7 @@ def create_job(session: Session, body: JobCreate, *, max_attempts: int) -> model
         status="queued",
         attempts=0,
         max_attempts=max_attempts,
+        requested_by=requested_by,
         created_at=now,
         updated_at=now,
     )
@@ -277,7 +282,9 @@ def complete_job(
             f"the profile is of {profile.workload.target}, but job {job_id} profiles "
             f"{job.target}: send the profile this job produced"
         )
-    row = add_profile(session, profile)
+    # Registered by whoever queued the job (jobs queued before 0010: the worker's token).
+    registrant = job.requested_by if job.requested_by is not None else caller.token_id
+    row = add_profile(session, profile, registered_by=registrant)
     _finish(job, "succeeded", models.utcnow(), error=None)
     job.profile_id = row.id
     session.flush()

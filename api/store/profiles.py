@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import BindParameter, ColumnElement, Select, bindparam, or_, select
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session, lazyload
@@ -22,21 +22,31 @@ from api.schemas.devices import DeviceCreate
 from api.schemas.profiles import ProfilePublic, ProfileQuery, ProfileSummary
 from api.schemas.workloads import WorkloadCreate
 from api.store.generation import mark_changed
+from api.store.names import (
+    NewestProfile,
+    by_reference,
+    choose_device,
+    choose_workload,
+    newest_profile_statement,
+)
 from api.store.paging import keyset_page
 from api.store.variants import variant_columns, variant_fields
 from tuner.core import results
-from tuner.core.errors import BadInputError, ConflictError, NotFoundError
+from tuner.core.errors import ConflictError, NotFoundError
 from tuner.core.parallel import Parallel
-
-# How many candidates an ambiguous name lists in its error message.
-_LISTED = 5
-
 
 Keyed = TypeVar("Keyed", models.Device, models.Workload)
 
 
-def _get_or_insert(session: Session, table: type[Keyed], key: str, values: dict[str, Any]) -> Keyed:
-    """The row with ``key``, inserted with ``values`` first if missing.
+def _get_or_insert(
+    session: Session,
+    table: type[Keyed],
+    key: str,
+    values: dict[str, Any],
+    registered_by: int | None,
+) -> Keyed:
+    """The row with ``key``, inserted with ``values`` first if missing, registered by the
+    token ``registered_by`` (whose name it then bears, ``api.store.names``).
 
     ``INSERT ... ON CONFLICT (key) DO NOTHING``: a concurrent first insert of the same key
     makes this a no-op (PostgreSQL waits for it to commit) instead of an integrity error.
@@ -47,7 +57,12 @@ def _get_or_insert(session: Session, table: type[Keyed], key: str, values: dict[
         return row
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    values = {"key": key, "created_at": models.utcnow(), **values}
+    values = {
+        "key": key,
+        "created_at": models.utcnow(),
+        "registered_by": registered_by,
+        **values,
+    }
     result = session.execute(
         insert(table).values(**values).on_conflict_do_nothing(index_elements=["key"])
     )
@@ -56,22 +71,30 @@ def _get_or_insert(session: Session, table: type[Keyed], key: str, values: dict[
     return session.scalars(by_key).one()
 
 
-def upsert_device(session: Session, key: str, info: results.DeviceInfo) -> models.Device:
-    """The device with ``key``, created from ``info`` if new (a key names its properties)."""
+def upsert_device(
+    session: Session, key: str, info: results.DeviceInfo, *, registered_by: int | None = None
+) -> models.Device:
+    """The device with ``key``, created from ``info`` by the token ``registered_by`` if new
+    (a key names its properties)."""
     values = {
         "kind": info.kind,
         "name": info.name,
         "capacity_bytes": info.capacity_bytes,
         "details": dict(info.details),
     }
-    return _get_or_insert(session, models.Device, key, values)
+    return _get_or_insert(session, models.Device, key, values, registered_by)
 
 
 def upsert_workload(
-    session: Session, key: str, info: results.WorkloadInfo, *, parallel_mode: str = "none"
+    session: Session,
+    key: str,
+    info: results.WorkloadInfo,
+    *,
+    parallel_mode: str = "none",
+    registered_by: int | None = None,
 ) -> models.Workload:
-    """The workload with ``key``, created from ``info`` if new (``parallel_mode`` is part of
-    the key, so a key has one mode)."""
+    """The workload with ``key``, created from ``info`` by the token ``registered_by`` if new
+    (``parallel_mode`` is part of the key, so a key has one mode)."""
     values = {
         "parallel_mode": parallel_mode,
         "name": info.name,
@@ -83,7 +106,7 @@ def upsert_workload(
         "seq_len": info.seq_len,
         "length_family": info.length_family,
     }
-    workload = _get_or_insert(session, models.Workload, key, values)
+    workload = _get_or_insert(session, models.Workload, key, values, registered_by)
     if workload.length_family is None and info.length_family is not None:
         # Profiled at this length alone before, now as one length of a family: the same
         # key (the same shapes), which joins the family from here on.
@@ -93,10 +116,12 @@ def upsert_workload(
     return workload
 
 
-def create_device(session: Session, body: DeviceCreate) -> tuple[models.Device, bool]:
+def create_device(
+    session: Session, body: DeviceCreate, *, registered_by: int | None = None
+) -> tuple[models.Device, bool]:
     """Register a device; the same registration again is answered with the stored one."""
     existing = session.scalar(select(models.Device).where(models.Device.key == body.key))
-    device = upsert_device(session, body.key, body)
+    device = upsert_device(session, body.key, body, registered_by=registered_by)
     if existing is not None and (device.kind, device.name, device.capacity_bytes) != (
         body.kind,
         body.name,
@@ -110,10 +135,12 @@ def create_device(session: Session, body: DeviceCreate) -> tuple[models.Device, 
     return device, existing is None
 
 
-def create_workload(session: Session, body: WorkloadCreate) -> tuple[models.Workload, bool]:
+def create_workload(
+    session: Session, body: WorkloadCreate, *, registered_by: int | None = None
+) -> tuple[models.Workload, bool]:
     """Register a workload; the same registration again is answered with the stored one."""
     existing = session.scalar(select(models.Workload).where(models.Workload.key == body.key))
-    workload = upsert_workload(session, body.key, body)
+    workload = upsert_workload(session, body.key, body, registered_by=registered_by)
     stored = (workload.name, workload.precision, workload.activation_checkpointing)
     if existing is not None and stored != (
         body.name,
@@ -174,83 +201,57 @@ def list_workloads(
     )
 
 
-DEVICE_MISSING = (
-    "a device becomes known when a worker registers on it or a profile from it is uploaded; "
-    "GET /api/v1/devices lists the known ones"
-)
-WORKLOAD_MISSING = (
-    "profile it first (`tuner profile TARGET --upload`); GET /api/v1/workloads lists the known ones"
-)
-
-
 def find_device(session: Session, reference: str) -> models.Device:
-    """The one device whose key, or else whose name, is ``reference``."""
+    """The device ``reference`` names (``api.store.names``)."""
     rows: Sequence[models.Device] = session.scalars(_DEVICE_LOOKUP, {"ref": reference}).all()
-    return choose_by_reference(rows, reference, what="device", missing=DEVICE_MISSING)
+    return choose_device(rows, reference)
 
 
-def find_workload(session: Session, reference: str) -> models.Workload:
-    """The one workload whose key, or else whose name, is ``reference``."""
+def find_workload(
+    session: Session, reference: str, *, mode: str | None = None, seq_len: int | None = None
+) -> models.Workload:
+    """The workload ``reference`` names for a question of ``mode`` and ``seq_len``
+    (``api.store.names``)."""
     rows: Sequence[models.Workload] = session.scalars(_WORKLOAD_LOOKUP, {"ref": reference}).all()
-    return choose_by_reference(rows, reference, what="workload", missing=WORKLOAD_MISSING)
 
+    def newest_of(workload_id: int) -> NewestProfile | None:
+        row = session.execute(_NEWEST_PROFILE, {"workload_id": workload_id}).first()
+        return None if row is None else (row[0], row[1], row[2], row[3])
 
-def by_key_or_name(
-    key: InstrumentedAttribute[str], name: InstrumentedAttribute[str], *columns: Any
-) -> Select[Any]:
-    """Rows whose key or name is the bound parameter ``ref``: enough of them to tell a
-    unique reference from an ambiguous name, and to list some candidates."""
-    reference: BindParameter[str] = bindparam("ref")
-    return select(*columns).where(or_(key == reference, name == reference)).limit(_LISTED + 1)
+    return choose_workload(rows, reference, newest_of, mode=mode, seq_len=seq_len)
 
 
 # Built once: constructing a statement costs more than SQLite takes to run it.
-_DEVICE_LOOKUP = by_key_or_name(models.Device.key, models.Device.name, models.Device)
-_WORKLOAD_LOOKUP = by_key_or_name(models.Workload.key, models.Workload.name, models.Workload)
+_DEVICE_LOOKUP = by_reference(models.Device, models.Device)
+_WORKLOAD_LOOKUP = by_reference(models.Workload, models.Workload)
+_NEWEST_PROFILE = newest_profile_statement()
 
 
-class _Keyed(Protocol):
-    @property
-    def key(self) -> str: ...
-
-
-K = TypeVar("K", bound=_Keyed)
-
-
-def choose_by_reference(rows: Sequence[K], reference: str, *, what: str, missing: str) -> K:
-    """The row whose key is ``reference``, else the one row so named; an error that says
-    what to do when there is none or the name is ambiguous."""
-    for row in rows:
-        if row.key == reference:
-            return row
-    if len(rows) == 1:
-        return rows[0]
-    if not rows:
-        raise NotFoundError(f"no {what} has the key or name {reference!r}: {missing}")
-    keys = ", ".join(row.key for row in rows[:_LISTED])
-    more = " and more" if len(rows) > _LISTED else ""
-    raise BadInputError(
-        f"{what} name {reference!r} matches several {what}s (keys {keys}{more}): "
-        f"pass the key of the one you mean"
-    )
-
-
-def add_profile(session: Session, profile: results.Profile) -> models.Profile:
+def add_profile(
+    session: Session, profile: results.Profile, *, registered_by: int | None = None
+) -> models.Profile:
     """Store ``profile`` with its probes; older profiles of the pair stay as history."""
-    row, _created = save_profile(session, profile)
+    row, _created = save_profile(session, profile, registered_by=registered_by)
     return row
 
 
-def save_profile(session: Session, profile: results.Profile) -> tuple[models.Profile, bool]:
+def save_profile(
+    session: Session, profile: results.Profile, *, registered_by: int | None = None
+) -> tuple[models.Profile, bool]:
     """Store ``profile`` unless this very profile is stored already; say which happened.
+    A new workload or device is registered by the token ``registered_by``.
 
     A profile is identified by its workload, device and ``created_at`` (the time it was
     measured): the same document again returns the stored row, a different one with the
     same three is refused, since history is never rewritten.
     """
-    device = upsert_device(session, profile.device_key, profile.device)
+    device = upsert_device(session, profile.device_key, profile.device, registered_by=registered_by)
     workload = upsert_workload(
-        session, profile.workload_key, profile.workload, parallel_mode=profile.parallel.mode
+        session,
+        profile.workload_key,
+        profile.workload,
+        parallel_mode=profile.parallel.mode,
+        registered_by=registered_by,
     )
     existing = _same_profile(session, workload.id, device.id, profile)
     if existing is not None:
@@ -492,12 +493,9 @@ def _matching(
     model: type[models.Workload] | type[models.Device],
     reference: str,
 ) -> ColumnElement[bool]:
-    """``column`` names a row whose key or name is ``reference``."""
-    ids = list(
-        session.scalars(
-            select(model.id).where(or_(model.key == reference, model.name == reference))
-        )
-    )
+    """``column`` names a row that ``reference`` may name: its key, or a name among its
+    owner's rows (``api.store.names``)."""
+    ids = list(session.scalars(by_reference(model, model.id), {"ref": reference}))
     return column == ids[0] if len(ids) == 1 else column.in_(ids)
 
 

@@ -22,15 +22,17 @@ from sqlalchemy.orm import Session, lazyload
 
 from api import models
 from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
+from api.store.names import (
+    NewestProfile,
+    by_reference,
+    choose_device,
+    choose_workload,
+    family_statement,
+    newest_profile_statement,
+)
 from api.store.oom_reports import smallest_limit
 from api.store.prepared import PreparedSelect
-from api.store.profiles import (
-    DEVICE_MISSING,
-    WORKLOAD_MISSING,
-    by_key_or_name,
-    choose_by_reference,
-    workload_info,
-)
+from api.store.profiles import workload_info
 from tuner.core import lengths as lengths_fit
 from tuner.core import plan, results, worlds
 from tuner.core.errors import BadInputError, NotFoundError, NothingFitsError
@@ -119,6 +121,7 @@ class _Workload(NamedTuple):
     activation_checkpointing: bool
     seq_len: int | None
     length_family: str | None
+    registered_by: int | None
 
 
 _WORKLOAD_COLUMNS = (
@@ -133,6 +136,7 @@ _WORKLOAD_COLUMNS = (
     _W.activation_checkpointing,
     _W.seq_len,
     _W.length_family,
+    _W.registered_by,
 )
 
 
@@ -163,9 +167,11 @@ class _Reads:
 
     def __init__(self, dialect: Dialect) -> None:
         oom = models.OomReport
-        self.workload = PreparedSelect(by_key_or_name(_W.key, _W.name, *_WORKLOAD_COLUMNS), dialect)
-        # The one-process workload a DDP or FSDP one was built from: the same name and
-        # model (the mode is part of the key, so the keys differ).
+        self.workload = PreparedSelect(by_reference(_W, *_WORKLOAD_COLUMNS), dialect)
+        self.newest_profile = PreparedSelect(newest_profile_statement(), dialect)
+        # The one-process workload a DDP or FSDP one was built from: the same name, model
+        # and registrant (the mode is part of the key, so the keys differ; and no one
+        # else's workload of that name can stand in for it).
         self.one_process_sibling = PreparedSelect(
             _select(*_WORKLOAD_COLUMNS)
             .where(
@@ -175,18 +181,16 @@ class _Reads:
                 _W.precision == bindparam("precision"),
                 _W.optimizer == bindparam("optimizer"),
                 _W.activation_checkpointing == bindparam("activation_checkpointing"),
+                _W.registered_by.is_not_distinct_from(bindparam("registered_by")),
             )
             .order_by(_W.created_at.desc())
             .limit(1),
             dialect,
         )
-        self.family = PreparedSelect(
-            _select(*_WORKLOAD_COLUMNS).where(_W.length_family == bindparam("family")), dialect
-        )
+        self.family = PreparedSelect(family_statement(*_WORKLOAD_COLUMNS), dialect)
         self.world_profiles = PreparedSelect(_world_profiles_statement(), dialect)
         self.device = PreparedSelect(
-            by_key_or_name(_D.key, _D.name, _D.id, _D.key, _D.name, _D.capacity_bytes, _D.kind),
-            dialect,
+            by_reference(_D, _D.id, _D.key, _D.name, _D.capacity_bytes, _D.kind), dialect
         )
         self.newest_measured = PreparedSelect(_newest_measured_statement(), dialect)
         self.newest_fit = PreparedSelect(
@@ -260,12 +264,16 @@ def recommend_on(
     if not rows and query.seq_len is not None:  # named by its length family's key
         rows = [_Workload(*row) for row in reads.family.rows(connection, family=query.workload)]
         rows = sorted(rows, key=lambda row: row.seq_len or 0)[-1:]
-    workload = _choose_workload(rows, query.workload, query.parallel)
-    device = choose_by_reference(
-        [_Device(*row) for row in reads.device.rows(connection, ref=query.device)],
-        query.device,
-        what="device",
-        missing=DEVICE_MISSING,
+
+    def newest_of(workload_id: int) -> NewestProfile | None:
+        found = reads.newest_profile.rows(connection, workload_id=workload_id)
+        return None if not found else (found[0][0], found[0][1], found[0][2], found[0][3])
+
+    workload = choose_workload(
+        rows, query.workload, newest_of, mode=query.parallel, seq_len=query.seq_len
+    )
+    device = choose_device(
+        [_Device(*row) for row in reads.device.rows(connection, ref=query.device)], query.device
     )
     mode = query.parallel or _mode(workload.parallel_mode)
     answer = _Answering(reads, connection, query, workload, device, mode, now)
@@ -278,20 +286,6 @@ def _mode(stored: str) -> ParallelMode:
     if stored not in PARALLEL_MODES:
         raise ValueError(f"stored parallel mode {stored!r} is not one of {PARALLEL_MODES}")
     return stored  # type: ignore[return-value]
-
-
-def _choose_workload(rows: list[_Workload], reference: str, mode: str | None) -> _Workload:
-    """By key; else the one workload so named, or, when a name is shared by workloads of
-    several modes, the one of the run's mode (else its one-process workload; the
-    one-process one when no mode is asked)."""
-    if len(rows) > 1 and all(row.key != reference for row in rows):
-        for wanted in dict.fromkeys((mode or "none", "none")):
-            of_mode = [row for row in rows if row.parallel_mode == wanted]
-            if len(of_mode) == 1:
-                return of_mode[0]
-            if of_mode:
-                break
-    return choose_by_reference(rows, reference, what="workload", missing=WORKLOAD_MISSING)
 
 
 # What a one-process profile misses of a parallel run, said to whoever asks for one.
@@ -606,6 +600,7 @@ class _Answering:
             precision=w.precision,
             optimizer=w.optimizer,
             activation_checkpointing=w.activation_checkpointing,
+            registered_by=w.registered_by,
         )
         return _Workload(*rows[0]) if rows else None
 

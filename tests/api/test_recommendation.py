@@ -245,17 +245,16 @@ def test_a_workload_never_profiled_anywhere_is_404(http: httpx.Client) -> None:
     assert "none on another device to estimate from" in error["message"]
 
 
-def test_a_name_shared_by_several_devices_asks_for_a_key(http: httpx.Client) -> None:
+def test_a_name_shared_by_one_owners_devices_answers_the_newest(http: httpx.Client) -> None:
     for key, limit in (("k1" * 12, 200), ("k2" * 12, 300)):
         upload(
             http,
             sample_profile(device_key=key, device_name="x86_64", capacity_bytes=limit * MiB),
         )
-    error = error_of(recommendation(http, device="x86_64", global_batch_size=8), 422)
-    assert "k1" * 12 in error["message"]
-    assert "pass the key" in error["message"]
-    answer = _ok(recommendation(http, device="k2" * 12, global_batch_size=8))
-    assert answer["capacity_bytes"] == 300 * MiB
+    answer = _ok(recommendation(http, device="x86_64", global_batch_size=8))
+    assert (answer["device_key"], answer["capacity_bytes"]) == ("k2" * 12, 300 * MiB)
+    older = _ok(recommendation(http, device="k1" * 12, global_batch_size=8))
+    assert older["capacity_bytes"] == 200 * MiB
 
 
 def test_openapi_documents_the_questions_parameters(http: httpx.Client) -> None:

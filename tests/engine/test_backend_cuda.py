@@ -131,6 +131,7 @@ def test_a_limit_above_the_card_is_the_card(fake: FakeAllocator) -> None:
 def test_device_key_names_the_card_and_changes_with_the_limit(fake: FakeAllocator) -> None:
     whole, capped = CudaBackend(), CudaBackend(limit_bytes=40 * GiB)
     assert whole.describe().name == "NVIDIA H100 80GB HBM3"
+    assert capped.describe().name == "NVIDIA H100 80GB HBM3 (40 GiB limit)"
     assert whole.key_fields()["compute_capability"] == "9.0"
     assert device_key(whole) == device_key(CudaBackend())
     assert device_key(whole) != device_key(capped)

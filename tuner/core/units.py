@@ -50,3 +50,9 @@ def format_bytes(count: float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
         value /= 1024
     return f"{value:.3g} TiB"
+
+
+def limited_name(name: str, limit_bytes: int | None) -> str:
+    """A device's name with the memory limit it runs under, so that each limit (its own
+    device, with its own key) reads apart from the others: ``x86_64 (128 MiB limit)``."""
+    return name if limit_bytes is None else f"{name} ({format_bytes(limit_bytes)} limit)"

@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tuner.core.results import DeviceInfo
-from tuner.core.units import format_bytes
+from tuner.core.units import format_bytes, limited_name
 from tuner.engine.backends.base import Backend, PeakReading, plain_tensors
 
 
@@ -178,7 +178,10 @@ class CpuBackend(Backend):
     def describe(self) -> DeviceInfo:
         return DeviceInfo(
             kind=self.kind,
-            name=platform.processor() or platform.machine() or "cpu",
+            # Each limit is its own device: the name says which.
+            name=limited_name(
+                platform.processor() or platform.machine() or "cpu", self.capacity_bytes
+            ),
             capacity_bytes=self.capacity_bytes,
             details={
                 "memory_limit_bytes": self.capacity_bytes,

@@ -16,6 +16,7 @@ import torch
 
 from tuner.core.errors import DeviceUnavailableError
 from tuner.core.results import DeviceInfo
+from tuner.core.units import limited_name
 from tuner.engine.backends.base import Backend, PeakReading
 
 
@@ -40,7 +41,11 @@ class CudaBackend(Backend):
     def describe(self) -> DeviceInfo:
         return DeviceInfo(
             kind=self.kind,
-            name=self._props.name,
+            # Under a limit below the card's memory, a device of its own: the name says so.
+            name=limited_name(
+                self._props.name,
+                self.limit_bytes if self.capacity_bytes < self.total_bytes else None,
+            ),
             capacity_bytes=self.capacity_bytes,
             details={
                 "total_memory_bytes": self.total_bytes,
