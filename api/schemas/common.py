@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
     StringConstraints,
     model_validator,
 )
@@ -68,13 +69,18 @@ Reference = Annotated[
     AfterValidator(_storable_text),
     Field(description="a key or a name"),
 ]
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Int32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
-PositiveInt32 = Annotated[int, Field(ge=1, le=INT32_MAX)]
-Int64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
-PositiveInt64 = Annotated[int, Field(ge=1, le=INT64_MAX)]
-Id = Annotated[int, Field(ge=1, le=INT32_MAX)]
+# Numbers in request bodies are JSON numbers and nothing else: strict, so that `true` is
+# not taken for 1 nor "8 " for 8 (a JSON integer is still a valid float).
+StrictBool = Annotated[bool, Strict()]
+FiniteFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Strict(), Field(ge=0, lt=1, allow_inf_nan=False)]
+Int32 = Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)]
+PositiveInt32 = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
+Int64 = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
+PositiveInt64 = Annotated[int, Strict(), Field(ge=1, le=INT64_MAX)]
+SignedInt64 = Annotated[int, Strict(), Field(ge=-INT64_MAX, le=INT64_MAX)]
+Id = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
 
 
 def _utc(value: datetime) -> datetime:
