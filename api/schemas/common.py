@@ -60,6 +60,15 @@ Key = Annotated[
     StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$"),
     Field(description="a device or workload key: 1 to 64 of A-Z a-z 0-9 _ . : -"),
 ]
+IdempotencyKey = Annotated[
+    str,
+    StringConstraints(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$"),
+    Field(
+        description="chosen by the client for one request (a UUID), 8 to 64 of A-Z a-z 0-9 "
+        "_ . : -: the same request sent again with it (a retry) is answered with what the "
+        "first stored (200), never done twice; another request with it is a 409"
+    ),
+]
 Name = Annotated[
     str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable_text)
 ]

@@ -18,6 +18,7 @@ from pydantic import (
 
 from api.schemas.common import (
     Fraction,
+    IdempotencyKey,
     LongText,
     Page,
     PageQuery,
@@ -83,6 +84,9 @@ class JobCreate(RequestModel):
     device: Reference = Field(
         description="the device key, or the device name (e.g. 'NVIDIA H100 80GB HBM3'), "
         "of the workers that may run it",
+    )
+    idempotency_key: IdempotencyKey | None = Field(
+        default=None, description="one key per job to queue (the client sends one)"
     )
 
     @field_validator("options")

@@ -26,6 +26,7 @@ from api import models
 from api.schemas.jobs import JobCreate, JobQuery
 from api.schemas.workers import WorkerCreate
 from api.security import Principal
+from api.store.idempotency import insert_once, replayed, request_digest
 from api.store.paging import keyset_page
 from api.store.profiles import add_profile, upsert_device
 from tuner.core import results
@@ -46,14 +47,33 @@ def _when(moment: datetime | None) -> str:
 # Workers
 
 
-def register_worker(session: Session, body: WorkerCreate, caller: Principal) -> models.Worker:
+def register_worker(
+    session: Session, body: WorkerCreate, caller: Principal
+) -> tuple[models.Worker, bool]:
     """A new worker on the device ``body`` describes (the device is created if new), bound
-    to the token that registers it."""
+    to the token that registers it; says whether it is new. A registration this token sent
+    before under the same idempotency key is that worker (:mod:`api.store.idempotency`)."""
+    key, digest = body.idempotency_key, request_digest(body)
+
+    def replay() -> models.Worker | None:
+        if key is None:
+            return None
+        return replayed(
+            session, models.Worker, token_id=caller.token_id, key=key, digest=digest, what="worker"
+        )
+
+    existing = replay()
+    if existing is not None:
+        return existing, False
     device = upsert_device(session, body.device_key, body.device)
-    worker = models.Worker(name=body.name, device=device, token_id=caller.token_id)
-    session.add(worker)
-    session.flush()
-    return worker
+    worker = models.Worker(
+        name=body.name,
+        device=device,
+        token_id=caller.token_id,
+        idempotency_key=key,
+        request_digest=digest if key is not None else None,
+    )
+    return insert_once(session, worker, key=key, replay=replay)
 
 
 def get_worker(session: Session, worker_id: int) -> models.Worker:
@@ -89,7 +109,21 @@ def check_acts_for(worker: models.Worker, caller: Principal) -> None:
 # Jobs
 
 
-def create_job(session: Session, body: JobCreate, *, max_attempts: int) -> models.Job:
+def create_job(
+    session: Session, body: JobCreate, *, max_attempts: int, token_id: int | None
+) -> tuple[models.Job, bool]:
+    """Queue the job ``body`` asks for; says whether it is new. A job this token queued
+    before under the same idempotency key is that job (:mod:`api.store.idempotency`)."""
+    key, digest = body.idempotency_key, request_digest(body)
+
+    def replay() -> models.Job | None:
+        if key is None:
+            return None
+        return replayed(session, models.Job, token_id=token_id, key=key, digest=digest, what="job")
+
+    existing = replay()
+    if existing is not None:
+        return existing, False
     now = models.utcnow()
     job = models.Job(
         target=body.target,
@@ -99,12 +133,13 @@ def create_job(session: Session, body: JobCreate, *, max_attempts: int) -> model
         status="queued",
         attempts=0,
         max_attempts=max_attempts,
+        token_id=token_id,
+        idempotency_key=key,
+        request_digest=digest if key is not None else None,
         created_at=now,
         updated_at=now,
     )
-    session.add(job)
-    session.flush()
-    return job
+    return insert_once(session, job, key=key, replay=replay)
 
 
 def get_job(session: Session, job_id: int) -> models.Job:
