@@ -148,7 +148,9 @@ class TunerClient:
 
     Arguments left out come from :class:`ClientSettings`. ``retries`` bounds how often a
     request that may succeed later (no connection, a timeout, 502/503/504) is sent again,
-    waiting ``backoff × 2^attempt`` seconds between tries.
+    waiting ``backoff × 2^attempt`` seconds between tries; only requests that are harmless
+    to repeat are (reads, profile uploads, and writes with an idempotency key, which every
+    write this client sends carries).
     """
 
     def __init__(
@@ -393,8 +395,9 @@ class TunerClient:
         went on at ``settled_micro_batch_size``): its recommendations for the pair stay
         below the one and at or below the other until a newer profile exists.
 
-        Give one ``idempotency_key`` per event (a UUID): a retried request is then stored
-        once, and so is the same event reported twice. :class:`OomReporter` does.
+        Give one ``idempotency_key`` per event (a UUID): the same event reported twice is
+        then stored once. :class:`OomReporter` does. Without one this call makes its own,
+        so that its retries are stored once.
         """
         body = {
             "workload": workload,
@@ -402,7 +405,7 @@ class TunerClient:
             "micro_batch_size": micro_batch_size,
             "settled_micro_batch_size": settled_micro_batch_size,
             "message": message,
-            "idempotency_key": idempotency_key,
+            "idempotency_key": idempotency_key or uuid.uuid4().hex,
         }
         return self._store.report_oom(body)
 
@@ -443,12 +446,17 @@ class TunerClient:
         warmup_steps: int | None = None,
         world_size: int | None = None,
         parallel: str | None = None,
+        idempotency_key: str | None = None,
     ) -> JobPublic:
         """Queue ``tuner profile TARGET`` for a worker on ``device`` (its key or name).
 
         Settings left out take the worker's defaults, as ``tuner profile``'s flags do. With
         ``world_size`` and ``parallel`` (``ddp``, ``fsdp``) the job profiles on that many
         ranks, and only a worker with that many devices (CPU: processes) takes it.
+
+        The request carries an ``idempotency_key`` (this call's own, or the one given: a
+        UUID per job), so a retry after a lost answer returns the job the first queued
+        instead of queueing it twice.
         """
         settings = {
             name: value
@@ -468,6 +476,7 @@ class TunerClient:
             "device": device,
             "options": dict(options or {}),
             "settings": settings,
+            "idempotency_key": idempotency_key or uuid.uuid4().hex,
         }
         return self._store.queue_job(body)
 
