@@ -224,6 +224,9 @@ class Probe(Base):
 
 class Worker(Base):
     __tablename__ = "workers"
+    __table_args__ = (
+        Index("ix_workers_token_idempotency", "token_id", "idempotency_key", unique=True),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
@@ -232,6 +235,9 @@ class Worker(Base):
     # workers registered before tokens were bound. No foreign key: tokens are revoked,
     # never deleted (and see migration 0007).
     token_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    # The registering client's key for this registration: a retry returns this worker.
+    idempotency_key: Mapped[str | None] = mapped_column(String(64))
+    request_digest: Mapped[str | None] = mapped_column(String(64))
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -246,7 +252,10 @@ class Job(Base):
     """
 
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_status_device", "status", "device"),)
+    __table_args__ = (
+        Index("ix_jobs_status_device", "status", "device"),
+        Index("ix_jobs_token_idempotency", "token_id", "idempotency_key", unique=True),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     target: Mapped[str] = mapped_column(String(500))
@@ -261,9 +270,12 @@ class Job(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column()
     profile_id: Mapped[int | None] = mapped_column(ForeignKey("profiles.id", ondelete="SET NULL"))
     error: Mapped[str | None] = mapped_column(Text)
-    # The token that queued it (migration 0010): what the job measures is registered in
-    # its name, not the worker's. None for jobs queued before.
-    requested_by: Mapped[int | None] = mapped_column(Integer)
+    # Who queued it (migration 0011; None for jobs queued before): what the job measures is
+    # registered in that token's name, not the worker's, and with the client's key for the
+    # request a retry returns this job.
+    token_id: Mapped[int | None] = mapped_column(Integer)
+    idempotency_key: Mapped[str | None] = mapped_column(String(64))
+    request_digest: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -288,7 +300,10 @@ class OomReport(Base):
     workload and device stay below it until a newer profile exists."""
 
     __tablename__ = "oom_reports"
-    __table_args__ = (Index("ix_oom_reports_workload_device", "workload_id", "device_id"),)
+    __table_args__ = (
+        Index("ix_oom_reports_workload_device", "workload_id", "device_id"),
+        Index("ix_oom_reports_token_idempotency", "token_id", "idempotency_key", unique=True),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))
@@ -297,7 +312,10 @@ class OomReport(Base):
     # The size the run went on with: answers stay at or below it.
     settled_micro_batch_size: Mapped[int | None] = mapped_column(Integer)
     # Chosen by the reporter for one event: a retry or another rank's copy counts once.
-    idempotency_key: Mapped[str | None] = mapped_column(String(64), unique=True)
+    # Keys belong to the token that sent them (None: stored before keys were scoped).
+    token_id: Mapped[int | None] = mapped_column(Integer)
+    idempotency_key: Mapped[str | None] = mapped_column(String(64))
+    request_digest: Mapped[str | None] = mapped_column(String(64))
     message: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import DatabaseDep, ReadAccess, SettingsDep, WorkerAccess, WriteAccess
 from api.schemas.common import INT32_MAX
@@ -37,13 +37,16 @@ def _sweep_if_needed(db: DatabaseDep) -> None:
 
 @router.post("", status_code=201)
 def create_job(
-    body: JobCreate, db: DatabaseDep, settings: SettingsDep, caller: WriteAccess
+    body: JobCreate, db: DatabaseDep, settings: SettingsDep, caller: WriteAccess, response: Response
 ) -> JobPublic:
-    """Queue a profiling job for a device (its key or its name)."""
+    """Queue a profiling job for a device (its key or its name): 201; the same request
+    again under its idempotency key answers 200 with the job it queued."""
     with db.session(write=True) as session:
-        job = store.create_job(
-            session, body, max_attempts=settings.max_attempts, requested_by=caller.token_id
+        job, created = store.create_job(
+            session, body, max_attempts=settings.max_attempts, token_id=caller.token_id
         )
+        if not created:
+            response.status_code = status.HTTP_200_OK
         return JobPublic.model_validate(job)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Response, status
 
 from api.deps import DatabaseDep, WriteAccess
 from api.schemas.oom_reports import OomReportCreate, OomReportPublic
@@ -12,7 +12,13 @@ router = APIRouter(prefix="/oom-reports", tags=["oom-reports"])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-def create_oom_report(body: OomReportCreate, db: DatabaseDep, _: WriteAccess) -> OomReportPublic:
-    """Report an OOM at a micro batch: recommendations stay below it until a newer profile."""
+def create_oom_report(
+    body: OomReportCreate, db: DatabaseDep, caller: WriteAccess, response: Response
+) -> OomReportPublic:
+    """Report an OOM at a micro batch: recommendations stay below it until a newer profile
+    (201; the same report again under its idempotency key answers 200)."""
     with db.session(write=True) as session:
-        return store.add_oom_report(session, body)
+        report, created = store.add_oom_report(session, body, token_id=caller.token_id)
+        if not created:
+            response.status_code = status.HTTP_200_OK
+        return report

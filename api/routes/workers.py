@@ -30,10 +30,16 @@ def _public(worker: models.Worker) -> WorkerPublic:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-def register_worker(body: WorkerCreate, db: DatabaseDep, caller: WorkerAccess) -> WorkerPublic:
-    """Register a worker and its device (the device is created if new)."""
+def register_worker(
+    body: WorkerCreate, db: DatabaseDep, caller: WorkerAccess, response: Response
+) -> WorkerPublic:
+    """Register a worker and its device (the device is created if new): 201; the same
+    registration again under its idempotency key answers 200 with that worker."""
     with db.session(write=True) as session:
-        return _public(store.register_worker(session, body, caller))
+        worker, created = store.register_worker(session, body, caller)
+        if not created:
+            response.status_code = status.HTTP_200_OK
+        return _public(worker)
 
 
 @router.get("")

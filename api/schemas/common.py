@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
     StringConstraints,
     model_validator,
 )
@@ -59,6 +60,15 @@ Key = Annotated[
     StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$"),
     Field(description="a device or workload key: 1 to 64 of A-Z a-z 0-9 _ . : -"),
 ]
+IdempotencyKey = Annotated[
+    str,
+    StringConstraints(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$"),
+    Field(
+        description="chosen by the client for one request (a UUID), 8 to 64 of A-Z a-z 0-9 "
+        "_ . : -: the same request sent again with it (a retry) is answered with what the "
+        "first stored (200), never done twice; another request with it is a 409"
+    ),
+]
 Name = Annotated[
     str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable_text)
 ]
@@ -68,13 +78,18 @@ Reference = Annotated[
     AfterValidator(_storable_text),
     Field(description="a key or a name"),
 ]
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Int32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
-PositiveInt32 = Annotated[int, Field(ge=1, le=INT32_MAX)]
-Int64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
-PositiveInt64 = Annotated[int, Field(ge=1, le=INT64_MAX)]
-Id = Annotated[int, Field(ge=1, le=INT32_MAX)]
+# Numbers in request bodies are JSON numbers and nothing else: strict, so that `true` is
+# not taken for 1 nor "8 " for 8 (a JSON integer is still a valid float).
+StrictBool = Annotated[bool, Strict()]
+FiniteFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Strict(), Field(ge=0, lt=1, allow_inf_nan=False)]
+Int32 = Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)]
+PositiveInt32 = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
+Int64 = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
+PositiveInt64 = Annotated[int, Strict(), Field(ge=1, le=INT64_MAX)]
+SignedInt64 = Annotated[int, Strict(), Field(ge=-INT64_MAX, le=INT64_MAX)]
+Id = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
 
 
 def _utc(value: datetime) -> datetime:

@@ -14,12 +14,13 @@ from api.schemas.common import (
     Page,
     PageQuery,
     PositiveInt64,
+    SignedInt64,
     Text16,
     Text200,
 )
 from tuner.core import results
 
-DetailValue = LongText | int | FiniteFloat | None
+DetailValue = LongText | SignedInt64 | FiniteFloat | None
 
 
 class DeviceInfoCreate(results.DeviceInfo):

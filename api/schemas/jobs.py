@@ -17,6 +17,8 @@ from pydantic import (
 )
 
 from api.schemas.common import (
+    Fraction,
+    IdempotencyKey,
     LongText,
     Page,
     PageQuery,
@@ -24,6 +26,7 @@ from api.schemas.common import (
     PositiveInt64,
     Reference,
     RequestModel,
+    StrictBool,
 )
 from api.schemas.profiles import ProfileCreate
 from tuner.core.errors import BadInputError
@@ -58,7 +61,7 @@ class JobSettings(RequestModel):
         description="memory to fit in (bytes, or text like '2GiB'); on cuda it emulates a "
         "smaller card; unset: the worker's own --memory-limit",
     )
-    headroom: float = Field(default=0.05, ge=0, lt=1, allow_inf_nan=False)
+    headroom: Fraction = 0.05
     strategy: Literal["model", "bisect"] = "model"
     size_cap: PositiveInt32 = Field(default=4096, description="largest micro batch size to try")
     warmup_steps: PositiveInt32 = 2
@@ -81,6 +84,9 @@ class JobCreate(RequestModel):
     device: Reference = Field(
         description="the device key, or the device name (e.g. 'NVIDIA H100 80GB HBM3'), "
         "of the workers that may run it",
+    )
+    idempotency_key: IdempotencyKey | None = Field(
+        default=None, description="one key per job to queue (the client sends one)"
     )
 
     @field_validator("options")
@@ -150,7 +156,7 @@ class JobResult(LeaseRef):
 
 class JobFailure(LeaseRef):
     reason: LongText = Field(min_length=1)
-    retryable: bool = Field(
+    retryable: StrictBool = Field(
         description="true when another attempt may succeed (a crash, a hang, a lost "
         "machine); false when the workload itself is wrong"
     )

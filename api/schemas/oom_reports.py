@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Self
+from typing import Self
 
-from pydantic import BaseModel, Field, StringConstraints, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from api.schemas.common import LongText, PositiveInt32, Reference, RequestModel
-
-IdempotencyKey = Annotated[
-    str, StringConstraints(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
-]
+from api.schemas.common import IdempotencyKey, LongText, PositiveInt32, Reference, RequestModel
 
 
 class OomReportCreate(RequestModel):
@@ -26,7 +22,8 @@ class OomReportCreate(RequestModel):
     idempotency_key: IdempotencyKey | None = Field(
         default=None,
         description="one key per out-of-memory event, chosen by the reporter (a UUID): a "
-        "retry with the same key returns the stored report instead of adding another",
+        "retry with the same key and report returns the stored report instead of adding "
+        "another; keys belong to the token that sends them",
     )
     message: LongText | None = Field(default=None, description="the error, for people")
 

@@ -10,11 +10,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    Strict,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from api.schemas.common import (
-    INT64_MAX,
     FiniteFloat,
+    Fraction,
     Int32,
     Int64,
     Key,
@@ -25,6 +34,8 @@ from api.schemas.common import (
     PageQuery,
     PositiveInt32,
     Reference,
+    SignedInt64,
+    StrictBool,
     Text32,
     Text100,
     Text200,
@@ -33,8 +44,8 @@ from api.schemas.common import (
 from api.schemas.devices import DeviceInfoCreate
 from api.schemas.workloads import WorkloadInfoCreate
 from tuner.core import reports, results
+from tuner.core.parallel import Parallel
 
-SignedInt64 = Annotated[int, Field(ge=-INT64_MAX, le=INT64_MAX)]
 # A workload option's value in a variant, as `-o name=value` gives it.
 VariantValueCreate = Text200 | SignedInt64 | FiniteFloat | bool | None
 
@@ -54,6 +65,8 @@ class ProbeCreate(results.ProbeResult):
     """``tuner.core.results.ProbeResult``, whose JSON may carry the derived ``peak_bytes``."""
 
     micro_batch_size: PositiveInt32
+    fits: StrictBool
+    oom: StrictBool = False
     peak_allocated_bytes: Int64 | None = None
     peak_reserved_bytes: Int64 | None = None
     non_torch_bytes: SignedInt64 = 0
@@ -81,6 +94,16 @@ class ProbeSettingsCreate(results.ProbeSettings):
     microbatches_per_step: PositiveInt32 = 2
 
 
+class ParallelCreate(Parallel):
+    """``tuner.core.parallel.Parallel`` with strict numbers and flags."""
+
+    gradient_as_bucket_view: StrictBool = True
+    bucket_cap_mb: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] = 25.0
+    static_graph: StrictBool = False
+    set_to_none: StrictBool | None = None
+    reshard_after_forward: StrictBool = True
+
+
 class ProfileCreate(results.Profile):
     """A profile as the engine writes it; stored whole with its probes, or not at all."""
 
@@ -91,7 +114,7 @@ class ProfileCreate(results.Profile):
     device_key: Key
     workload: WorkloadInfoCreate
     device: DeviceInfoCreate
-    headroom: float = Field(ge=0, lt=1, allow_inf_nan=False)
+    headroom: Fraction
     budget_bytes: Int64
     strategy: Text32 = Field(min_length=1)
     size_cap: PositiveInt32
@@ -104,6 +127,7 @@ class ProfileCreate(results.Profile):
     created_at: Timestamp = Field(default_factory=lambda: datetime.now(UTC))
 
     world_size: PositiveInt32 = Field(default=1, description="ranks the probes ran on")
+    parallel: ParallelCreate = Field(default_factory=ParallelCreate)
 
     @model_validator(mode="after")
     def _one_entry_per_rank(self) -> ProfileCreate:
@@ -115,6 +139,19 @@ class ProfileCreate(results.Profile):
                         f"the probe at micro batch {probe.micro_batch_size} lists {count} "
                         f"{name} for world size {self.world_size}: give one per rank, or none"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _answer_is_measured(self) -> ProfileCreate:
+        problem = self.unmeasured_answer()
+        if problem is not None:
+            # Located at the field, so that the 422 names it.
+            error = InitErrorDetails(
+                type=PydanticCustomError("unmeasured_answer", "{problem}", {"problem": problem}),
+                loc=("max_micro_batch_size",),
+                input=self.max_micro_batch_size,
+            )
+            raise ValidationError.from_exception_data(type(self).__name__, [error])
         return self
 
 
@@ -160,6 +197,11 @@ PrintedProfile = Annotated[
 
 class ProfilePublic(ProfileCreate):
     """A stored profile with its probes."""
+
+    @model_validator(mode="after")
+    def _answer_is_measured(self) -> ProfilePublic:
+        # Shown as stored: profiles stored before the rule was enforced are still read.
+        return self
 
     id: int
     workload_id: int

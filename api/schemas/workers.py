@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from api.schemas.common import Key, Name, RequestModel
+from api.schemas.common import IdempotencyKey, Key, Name, RequestModel
 from api.schemas.devices import DeviceInfoCreate
 
 
@@ -14,6 +14,9 @@ class WorkerCreate(RequestModel):
     name: Name = Field(examples=["gpu-host-3"])
     device_key: Key = Field(description="the device key tuner.engine.fingerprint computed there")
     device: DeviceInfoCreate
+    idempotency_key: IdempotencyKey | None = Field(
+        default=None, description="one key per registration (the worker sends one)"
+    )
 
 
 class WorkerPublic(BaseModel):

@@ -6,7 +6,18 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.schemas.common import Int64, Key, Name, Page, PageQuery, Text8, Text100, Text500
+from api.schemas.common import (
+    Int64,
+    Key,
+    Name,
+    Page,
+    PageQuery,
+    PositiveInt32,
+    StrictBool,
+    Text8,
+    Text100,
+    Text500,
+)
 from tuner.core import results
 
 
@@ -16,9 +27,12 @@ class WorkloadInfoCreate(results.WorkloadInfo):
     name: Name
     target: Text500 | None = None
     precision: Text8 = Field(min_length=1)
-    activation_checkpointing: bool
+    activation_checkpointing: StrictBool
     parameter_count: Int64
     optimizer: Text100 = Field(min_length=1)
+    seq_len: PositiveInt32 | None = Field(
+        default=None, description="the sequence length every sample has, if built for one"
+    )
 
 
 class WorkloadCreate(WorkloadInfoCreate):

@@ -26,6 +26,7 @@ from api import models
 from api.schemas.jobs import JobCreate, JobQuery
 from api.schemas.workers import WorkerCreate
 from api.security import Principal
+from api.store.idempotency import insert_once, replayed, request_digest
 from api.store.paging import keyset_page
 from api.store.profiles import add_profile, upsert_device
 from tuner.core import results
@@ -46,14 +47,33 @@ def _when(moment: datetime | None) -> str:
 # Workers
 
 
-def register_worker(session: Session, body: WorkerCreate, caller: Principal) -> models.Worker:
+def register_worker(
+    session: Session, body: WorkerCreate, caller: Principal
+) -> tuple[models.Worker, bool]:
     """A new worker on the device ``body`` describes (the device is created if new), bound
-    to the token that registers it."""
+    to the token that registers it; says whether it is new. A registration this token sent
+    before under the same idempotency key is that worker (:mod:`api.store.idempotency`)."""
+    key, digest = body.idempotency_key, request_digest(body)
+
+    def replay() -> models.Worker | None:
+        if key is None:
+            return None
+        return replayed(
+            session, models.Worker, token_id=caller.token_id, key=key, digest=digest, what="worker"
+        )
+
+    existing = replay()
+    if existing is not None:
+        return existing, False
     device = upsert_device(session, body.device_key, body.device, registered_by=caller.token_id)
-    worker = models.Worker(name=body.name, device=device, token_id=caller.token_id)
-    session.add(worker)
-    session.flush()
-    return worker
+    worker = models.Worker(
+        name=body.name,
+        device=device,
+        token_id=caller.token_id,
+        idempotency_key=key,
+        request_digest=digest if key is not None else None,
+    )
+    return insert_once(session, worker, key=key, replay=replay)
 
 
 def get_worker(session: Session, worker_id: int) -> models.Worker:
@@ -90,10 +110,22 @@ def check_acts_for(worker: models.Worker, caller: Principal) -> None:
 
 
 def create_job(
-    session: Session, body: JobCreate, *, max_attempts: int, requested_by: int | None = None
-) -> models.Job:
-    """Queue ``body``, requested by the token ``requested_by``: what it measures is
-    registered in that token's name (``api.store.names``), not the worker's."""
+    session: Session, body: JobCreate, *, max_attempts: int, token_id: int | None
+) -> tuple[models.Job, bool]:
+    """Queue the job ``body`` asks for; says whether it is new. What it measures is
+    registered in the name of the token that queued it (``api.store.names``), not the
+    worker's. A job this token queued
+    before under the same idempotency key is that job (:mod:`api.store.idempotency`)."""
+    key, digest = body.idempotency_key, request_digest(body)
+
+    def replay() -> models.Job | None:
+        if key is None:
+            return None
+        return replayed(session, models.Job, token_id=token_id, key=key, digest=digest, what="job")
+
+    existing = replay()
+    if existing is not None:
+        return existing, False
     now = models.utcnow()
     job = models.Job(
         target=body.target,
@@ -103,13 +135,13 @@ def create_job(
         status="queued",
         attempts=0,
         max_attempts=max_attempts,
-        requested_by=requested_by,
+        token_id=token_id,
+        idempotency_key=key,
+        request_digest=digest if key is not None else None,
         created_at=now,
         updated_at=now,
     )
-    session.add(job)
-    session.flush()
-    return job
+    return insert_once(session, job, key=key, replay=replay)
 
 
 def get_job(session: Session, job_id: int) -> models.Job:
@@ -282,8 +314,8 @@ def complete_job(
             f"the profile is of {profile.workload.target}, but job {job_id} profiles "
             f"{job.target}: send the profile this job produced"
         )
-    # Registered by whoever queued the job (jobs queued before 0010: the worker's token).
-    registrant = job.requested_by if job.requested_by is not None else caller.token_id
+    # Registered by whoever queued the job (jobs queued before 0011: the worker's token).
+    registrant = job.token_id if job.token_id is not None else caller.token_id
     row = add_profile(session, profile, registered_by=registrant)
     _finish(job, "succeeded", models.utcnow(), error=None)
     job.profile_id = row.id

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import func
 from sqlalchemy.orm import Session
 
 from api import models
 from api.schemas.oom_reports import OomReportCreate, OomReportPublic
 from api.store.generation import mark_changed
+from api.store.idempotency import insert_once, replayed, request_digest
 from api.store.profiles import find_device, find_workload
-from tuner.core.errors import ConflictError
 
 
 def smallest_limit(oom: type[models.OomReport]) -> Any:
@@ -26,62 +25,46 @@ def smallest_limit(oom: type[models.OomReport]) -> Any:
     return func.min(func.coalesce(oom.settled_micro_batch_size + 1, oom.micro_batch_size))
 
 
-def add_oom_report(session: Session, body: OomReportCreate) -> OomReportPublic:
+def add_oom_report(
+    session: Session, body: OomReportCreate, *, token_id: int | None
+) -> tuple[OomReportPublic, bool]:
     """Record an OOM seen in training; it holds until a newer profile of the pair exists.
+    Says whether the report is new.
 
-    A report whose idempotency key is stored already is that report (a retry, or the same
-    event from another rank): it is returned, not added again. The same key with another
-    report is refused.
+    A report whose idempotency key this token used before is that report (a retry, or
+    the same event from another rank): it is returned, not added again; the same key with
+    a report that differs in anything, its message included, is refused
+    (:mod:`api.store.idempotency`).
     """
     workload = find_workload(session, body.workload)
     device = find_device(session, body.device)
-    if body.idempotency_key is not None:
-        existing = _by_key(session, body.idempotency_key)
-        if existing is not None:
-            return _same_event(existing, body, workload, device)
+    key, digest = body.idempotency_key, request_digest(body)
+
+    def replay() -> models.OomReport | None:
+        if key is None:
+            return None
+        return replayed(
+            session, models.OomReport, token_id=token_id, key=key, digest=digest, what="report"
+        )
+
+    existing = replay()
+    if existing is not None:
+        return _public(existing, workload, device), False
     row = models.OomReport(
         workload_id=workload.id,
         device_id=device.id,
         micro_batch_size=body.micro_batch_size,
         settled_micro_batch_size=body.settled_micro_batch_size,
-        idempotency_key=body.idempotency_key,
+        token_id=token_id,
+        idempotency_key=key,
+        request_digest=digest if key is not None else None,
         message=body.message,
         created_at=models.utcnow(),
     )
-    try:
-        with session.begin_nested():  # a concurrent copy of the event may win the key
-            session.add(row)
-            session.flush()
-    except IntegrityError:
-        existing = _by_key(session, body.idempotency_key or "")
-        if existing is None:
-            raise
-        return _same_event(existing, body, workload, device)
-    mark_changed(session)
-    return _public(row, workload, device)
-
-
-def _by_key(session: Session, key: str) -> models.OomReport | None:
-    oom = models.OomReport
-    return session.scalars(select(oom).where(oom.idempotency_key == key)).one_or_none()
-
-
-def _same_event(
-    existing: models.OomReport, body: OomReportCreate, workload: Any, device: Any
-) -> OomReportPublic:
-    stored = (
-        existing.workload_id,
-        existing.device_id,
-        existing.micro_batch_size,
-        existing.settled_micro_batch_size,
-    )
-    asked = (workload.id, device.id, body.micro_batch_size, body.settled_micro_batch_size)
-    if stored != asked:
-        raise ConflictError(
-            f"idempotency key {body.idempotency_key!r} belongs to another report (report "
-            f"{existing.id}): use a new key for each out-of-memory event"
-        )
-    return _public(existing, workload, device)
+    row, created = insert_once(session, row, key=key, replay=replay)
+    if created:
+        mark_changed(session)
+    return _public(row, workload, device), created
 
 
 def _public(row: models.OomReport, workload: Any, device: Any) -> OomReportPublic:

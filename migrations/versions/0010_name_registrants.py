@@ -1,4 +1,4 @@
-"""workloads, devices and jobs record the token that registered them; CPU device names
+"""workloads and devices record the token that registered them; CPU device names
 show their memory limit
 
 Revision ID: 0010
@@ -45,7 +45,6 @@ def upgrade() -> None:
     # SQLite's batch mode copies and drops the table, which with foreign keys on cascades.
     for table in ("workloads", "devices"):
         op.add_column(table, sa.Column("registered_by", sa.Integer(), nullable=True))
-    op.add_column("jobs", sa.Column("requested_by", sa.Integer(), nullable=True))
     connection = op.get_bind()
     for row in connection.execute(sa.select(_devices)).all():
         limit = _limit_of(row.kind, row.details or {}, row.capacity_bytes)
@@ -67,7 +66,6 @@ def downgrade() -> None:
                 .where(_devices.c.id == row.id)
                 .values(name=row.name[: -len(suffix)])
             )
-    op.drop_column("jobs", "requested_by")
     for table in ("devices", "workloads"):
         op.drop_column(table, "registered_by")
 

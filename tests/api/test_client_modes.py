@@ -149,7 +149,7 @@ def finish_job(database: Database, job_id: int) -> None:
     profile = sample_profile()  # of TARGET on DEVICE_KEY
     caller = Principal(None, "in-test worker", frozenset({"worker", "read"}))
     with database.session(write=True) as session:
-        worker = jobs.register_worker(
+        worker, _created = jobs.register_worker(
             session,
             WorkerCreate(
                 name="in-test",

@@ -8,8 +8,11 @@ from typing import Any
 import httpx
 import pytest
 
+from api.db import Database
 from tests.api.builders import at, error_of, profile_with_speeds, recommendation, upload
+from tests.api.conftest import make_token
 from tests.api.documents import MiB
+from tests.services import ServerThread
 
 SPEEDS = {1: 10.0, 4: 60.0, 8: 110.0, 10: 96.0, 12: 100.0}
 
@@ -54,12 +57,48 @@ def test_one_event_is_one_report_however_often_it_is_sent(
 ) -> None:
     first = _report(http, 10, settled_micro_batch_size=5, idempotency_key="event-0001")
     again = _report(http, 10, settled_micro_batch_size=5, idempotency_key="event-0001")
-    assert first.status_code == again.status_code == 201
-    assert again.json()["id"] == first.json()["id"]
+    # Created once, then replayed: 201 and 200, as a profile sent twice is.
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json()
     other = _report(http, 10, settled_micro_batch_size=5, idempotency_key="event-0002")
     assert other.json()["id"] != first.json()["id"]
     reused = error_of(_report(http, 8, idempotency_key="event-0001"), 409)
     assert "belongs to another report" in reused["message"]
+
+
+def test_a_key_replayed_with_another_message_is_refused(
+    http: httpx.Client, measured: dict[str, Any]
+) -> None:
+    first = _report(http, 10, idempotency_key="event-0003", message="CUDA out of memory")
+    assert first.status_code == 201, first.text
+    changed = _report(http, 10, idempotency_key="event-0003", message="something else")
+    assert "belongs to another report" in error_of(changed, 409)["message"]
+    dropped = _report(http, 10, idempotency_key="event-0003")  # the message left out
+    assert error_of(dropped, 409)
+    assert _report(http, 10, idempotency_key="event-0003", message="CUDA out of memory").json() == (
+        first.json()
+    )
+
+
+def test_keys_belong_to_the_token_that_sent_them(
+    http: httpx.Client, measured: dict[str, Any], database: Database, service: ServerThread
+) -> None:
+    first = _report(http, 10, idempotency_key="event-0004", message="rank 0 of team A's run")
+    assert first.status_code == 201, first.text
+    other_token = make_token(database, "write", name="team-b")
+    with httpx.Client(
+        base_url=service.url, headers={"Authorization": f"Bearer {other_token}"}, timeout=30
+    ) as other:
+        theirs = _report(other, 10, idempotency_key="event-0004", message="team B's own event")
+        # Their own report, not team A's (whose message they must not read)...
+        assert theirs.status_code == 201, theirs.text
+        assert theirs.json()["id"] != first.json()["id"]
+        assert theirs.json()["message"] == "team B's own event"
+        # ...and replayed as theirs.
+        again = _report(other, 10, idempotency_key="event-0004", message="team B's own event")
+        assert (again.status_code, again.json()["id"]) == (200, theirs.json()["id"])
+    mine = _report(http, 10, idempotency_key="event-0004", message="rank 0 of team A's run")
+    assert (mine.status_code, mine.json()["id"]) == (200, first.json()["id"])
 
 
 @pytest.mark.parametrize(

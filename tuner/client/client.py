@@ -149,7 +149,9 @@ class TunerClient:
 
     Arguments left out come from :class:`ClientSettings`. ``retries`` bounds how often a
     request that may succeed later (no connection, a timeout, 502/503/504) is sent again,
-    waiting ``backoff × 2^attempt`` seconds between tries.
+    waiting ``backoff × 2^attempt`` seconds between tries; only requests that are harmless
+    to repeat are (reads, profile uploads, and writes with an idempotency key, which every
+    write this client sends carries).
     """
 
     def __init__(
@@ -402,8 +404,9 @@ class TunerClient:
         went on at ``settled_micro_batch_size``): its recommendations for the pair stay
         below the one and at or below the other until a newer profile exists.
 
-        Give one ``idempotency_key`` per event (a UUID): a retried request is then stored
-        once, and so is the same event reported twice. :class:`OomReporter` does.
+        Give one ``idempotency_key`` per event (a UUID): the same event reported twice is
+        then stored once. :class:`OomReporter` does. Without one this call makes its own,
+        so that its retries are stored once.
         """
         body = {
             "workload": workload,
@@ -411,7 +414,7 @@ class TunerClient:
             "micro_batch_size": micro_batch_size,
             "settled_micro_batch_size": settled_micro_batch_size,
             "message": message,
-            "idempotency_key": idempotency_key,
+            "idempotency_key": idempotency_key or uuid.uuid4().hex,
         }
         return self._store.report_oom(body)
 
@@ -452,6 +455,7 @@ class TunerClient:
         warmup_steps: int | None = None,
         world_size: int | None = None,
         parallel: str | None = None,
+        idempotency_key: str | None = None,
     ) -> JobPublic:
         """Queue ``tuner profile TARGET`` for a worker on ``device`` (its key or name).
 
@@ -460,6 +464,10 @@ class TunerClient:
         ranks, and only a worker with that many devices (CPU: processes) takes it. A
         worker runs only the targets its owner allows (``tuner worker --allow``): any other
         fails at once, with the reason in the job's ``error``.
+
+        The request carries an ``idempotency_key`` (this call's own, or the one given: a
+        UUID per job), so a retry after a lost answer returns the job the first queued
+        instead of queueing it twice.
         """
         settings = {
             name: value
@@ -479,6 +487,7 @@ class TunerClient:
             "device": device,
             "options": dict(options or {}),
             "settings": settings,
+            "idempotency_key": idempotency_key or uuid.uuid4().hex,
         }
         return self._store.queue_job(body)
 

@@ -109,12 +109,16 @@ class EmbeddedStore:
     def report_oom(self, body: Mapping[str, Any]) -> OomReportPublic:
         report = _parse(OomReportCreate, body, "body")
         with self._session(write=True) as session:
-            return oom_reports.add_oom_report(session, report)
+            # No token here: keys belong to whoever uses this database directly.
+            stored, _created = oom_reports.add_oom_report(session, report, token_id=None)
+            return stored
 
     def queue_job(self, body: Mapping[str, Any]) -> JobPublic:
         job = _parse(JobCreate, body, "body")
         with self._session(write=True) as session:
-            row = jobs.create_job(session, job, max_attempts=self._settings.max_attempts)
+            row, _created = jobs.create_job(
+                session, job, max_attempts=self._settings.max_attempts, token_id=None
+            )
             return JobPublic.model_validate(row)
 
     def get_job(self, job_id: int) -> JobPublic:

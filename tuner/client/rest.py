@@ -37,7 +37,10 @@ class RestStore:
         return RecommendationPublic.model_validate(answer)
 
     def upload_profile(self, document: Mapping[str, Any]) -> ProfilePublic:
-        return ProfilePublic.model_validate(self._call("POST", "/profiles", json=dict(document)))
+        # A profile is named by its workload, device and created_at: sent twice, it is
+        # stored once (the second answer is the stored one).
+        stored = self._call("POST", "/profiles", json=dict(document), idempotent=True)
+        return ProfilePublic.model_validate(stored)
 
     def get_profile(self, profile_id: int) -> ProfilePublic:
         return ProfilePublic.model_validate(self._call("GET", f"/profiles/{profile_id}"))

@@ -1,15 +1,24 @@
 """HTTP to the service, shared by the client and the worker. Torch-free.
 
-Timeouts on every request; connection failures and 502/503/504 retried a bounded number
-of times with exponential backoff; error bodies (``{"error": {"code", "message"}}``)
-turned back into the exception type the service raised. What still fails after the
-retries (no connection, a timeout, a 502/503/504 from the service or a proxy in front of
-it) is a ``ServiceUnavailableError``, so callers can tell "not reachable" from an answer.
+Timeouts on every request; failures retried a bounded number of times with exponential
+backoff; error bodies (``{"error": {"code", "message"}}``) turned back into the exception
+type the service raised. What still fails after the retries (no connection, a timeout, a
+502/503/504 from the service or a proxy in front of it) is a ``ServiceUnavailableError``,
+so callers can tell "not reachable" from an answer.
+
+Only what is harmless to do twice is retried once it may have reached the service: after
+a timeout, a dropped connection or a 502/503/504, the service (or a proxy) may well have
+done the request and lost only the answer. Repeatable are the idempotent methods (GET,
+HEAD, OPTIONS, PUT, DELETE), a POST whose JSON body carries an ``idempotency_key`` (the
+service answers a replay with what the first request stored), and a request sent with
+``idempotent=True``. A request that never left (no connection could be made) is retried
+whatever it is.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -17,6 +26,16 @@ import httpx
 from tuner.core.errors import ERRORS_BY_CODE, BadInputError, ServiceUnavailableError, TunerError
 
 RETRYABLE_STATUS = {502, 503, 504}
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+# Raised before any byte of the request was sent: the service cannot have seen it.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def repeatable(method: str, json: Any = None) -> bool:
+    """Whether sending the request twice does what sending it once does."""
+    if method.upper() in IDEMPOTENT_METHODS:
+        return True
+    return isinstance(json, Mapping) and json.get("idempotency_key") is not None
 
 
 def error_from_response(response: httpx.Response) -> TunerError:
@@ -63,8 +82,13 @@ class Transport:
     def close(self) -> None:
         self._http.close()
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """Send, retrying what may succeed later; return the JSON body or raise TunerError."""
+    def request(
+        self, method: str, path: str, *, idempotent: bool | None = None, **kwargs: Any
+    ) -> Any:
+        """Send, retrying what may succeed later and is harmless to repeat (``idempotent``:
+        say so for a POST that is; by default :func:`repeatable` decides); return the JSON
+        body or raise TunerError."""
+        again = repeatable(method, kwargs.get("json")) if idempotent is None else idempotent
         attempt = 0
         while True:
             try:
@@ -74,8 +98,14 @@ class Transport:
                     raise ServiceUnavailableError(
                         f"cannot reach the service at {self.url}: {exc}"
                     ) from None
+                if not again and not isinstance(exc, _NOT_SENT):
+                    raise ServiceUnavailableError(
+                        f"no answer from the service at {self.url} to {method} {path} ({exc}): "
+                        "it may have been done; look before sending it again"
+                    ) from None
             else:
-                if response.status_code not in RETRYABLE_STATUS or attempt >= self.retries:
+                last = attempt >= self.retries or not again
+                if response.status_code not in RETRYABLE_STATUS or last:
                     if response.is_success:
                         return _json(response) if response.content else None
                     raise error_from_response(response)

@@ -234,3 +234,31 @@ class Profile(_Frozen):
         """The last probe that ran at this size."""
         found = [p for p in self.probes if p.micro_batch_size == micro_batch_size]
         return found[-1] if found else None
+
+    def unmeasured_answer(self) -> str | None:
+        """Why ``max_micro_batch_size`` is not what the probes measured; ``None`` when it is.
+
+        The answer is a probe that ran, never a prediction: ``M* = m ≥ 1`` needs a probe at
+        ``m`` that fit, and one at ``m + 1`` that did not, unless ``m`` is the cap
+        (``size_cap``, ``--max``); ``M* = 0`` (nothing fits) needs a probe at size 1 that
+        did not fit.
+        """
+        found, cap = self.max_micro_batch_size, self.size_cap
+        where = f"max_micro_batch_size {found}"
+        if found > cap:
+            return f"{where} is above the profile's size_cap {cap}: no search goes past its cap"
+        if found >= 1:
+            at = self.probe_at(found)
+            if at is None or not at.fits:
+                state = "no probe ran" if at is None else "the probe there did not fit"
+                return f"{where} is not a size that fit ({state}): M* must be a probe that fit"
+        if found < cap:
+            above = self.probe_at(found + 1)
+            if above is None or above.fits:
+                state = "no probe ran there" if above is None else "it fit"
+                return (
+                    f"{where} is not the boundary: size {found + 1} must have been probed and "
+                    f"not fit, but {state}; send M* as the largest size that fit, with the "
+                    "probe above it that did not"
+                )
+        return None

@@ -177,7 +177,7 @@ def build_profile(
 ) -> Profile:
     """The profile of a finished search, in one process or across ranks."""
     measured = [(p.micro_batch_size, p.footprint_bytes) for p in outcome.probes]
-    return Profile(
+    profile = Profile(
         workload_key=keys[0],
         device_key=keys[1],
         workload=workload,
@@ -195,6 +195,10 @@ def build_profile(
         parallel=parallel or Parallel(),
         wall_time_s=wall_time_s,
     )
+    problem = profile.unmeasured_answer()
+    if problem is not None:  # the service would refuse it: a search that broke its contract
+        raise RuntimeError(f"the search ended on an answer it did not measure: {problem}")
+    return profile
 
 
 def nothing_fits_advice(profile: Profile, workload: Workload) -> str:

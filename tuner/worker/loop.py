@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -291,6 +292,8 @@ class Worker:
             "name": self.name,
             "device_key": self.identity.key,
             "device": self.identity.info.model_dump(mode="json"),
+            # One key for this registration and all its retries: registered once.
+            "idempotency_key": uuid.uuid4().hex,
         }
         while True:
             try:
