@@ -21,6 +21,7 @@ from tuner.client import TunerClient
 from tuner.client.transport import Transport
 from tuner.core.errors import ServiceUnavailableError
 from tuner.core.results import DeviceInfo
+from tuner.worker.allow import AllowList
 from tuner.worker.loop import DeviceIdentity, Worker
 
 _GATEWAY_PAGE = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
@@ -155,6 +156,7 @@ def test_a_worker_whose_registration_answer_was_lost_is_registered_once(
         token=make_token(database, "worker", name="host-1"),
         identity=identity,
         name="host-1",
+        allow=AllowList(("tests",)),
         poll_interval=0.05,
         log=log.append,
     )
