@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -67,16 +67,9 @@ def serving_app() -> FastAPI:
 def _log_requests_to_stderr() -> None:
     """The access log's lines on stderr, as they are: whatever runs the service (systemd's
     journal, Docker, a terminal) stamps the time, so the line does not pay for it."""
-    from api.access_log import LOGGER
+    from api.access_log import LINES
 
-    # Python's documented savings on each record (the logging HOWTO, "Optimization"): no
-    # caller lookup, thread, process or multiprocessing names, which no line shows. They
-    # take a third off the cost of a line, the largest part of a cached answer's after it.
-    logging._srcfile = None
-    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
-    LOGGER.addHandler(logging.StreamHandler())
-    LOGGER.setLevel(logging.INFO)
-    LOGGER.propagate = False
+    LINES.start(sys.stderr.fileno())
 
 
 def run(args: argparse.Namespace, stderr: Console) -> int:
