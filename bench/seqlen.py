@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from dataclasses import dataclass
 from itertools import pairwise
@@ -27,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine_line, markdown_table, write_section
-from tuner.core.lengths import estimate_length
+from tuner.core.errors import BadInputError
+from tuner.core.lengths import estimate_length, fit_length_profiles
 from tuner.core.results import ProbeResult, Profile
 from tuner.core.units import format_bytes
 from tuner.engine.backends import CpuBackend, make_backend
@@ -37,6 +39,7 @@ from tuner.engine.profiler import profile_workload
 from tuner.engine.workload import Workload, load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,49 @@ def replay_family(
     return profiles, notes
 
 
+# Replayed on every budget between consecutive footprints (scanned sizes per length).
+REPLAYS: list[tuple[str, str, dict[str, object]]] = [
+    ("gpt", "examples.gpt:workload", {"vocab": 64, "dim": 16, "layers": 1, "heads": 2}),
+    ("gpt2 (transformers)", "tuner.hf:causal_lm", {"config": str(DATA / "tiny_gpt2.json")}),
+    ("llama (transformers)", "tuner.hf:causal_lm", {"config": str(DATA / "tiny_llama.json")}),
+]
+REPLAY_SIZES = {16: 24, 32: 12, 64: 6}
+
+
+def replay_rows(label: str, curves: Curves, headroom: float, template: Profile) -> list[str]:
+    """Over every budget: exact at every length, the fit made, probes taken for it, the
+    later lengths' probes (``template``: a profile of the workload to copy the rest from)."""
+    budgets = replay_budgets(curves)
+    exact = fitted = extra = fallback = 0
+    later: list[int] = []
+    for budget in budgets:
+        profiles, notes = replay_family(curves, budget, template, headroom=headroom)
+        exact += all(
+            p.max_micro_batch_size == true_max(curves[p.workload.seq_len or 0], budget)
+            for p in profiles
+        )
+        found = [p for p in profiles if p.max_micro_batch_size >= 1]
+        try:
+            fit_length_profiles(found, [p.workload.seq_len or 0 for p in found])
+            fitted += 1
+        except BadInputError:
+            pass
+        extra += sum("one more probe" in note for note in notes)
+        fallback += any("no fit across lengths" in note for note in notes)
+        later.extend(len(p.probes) for p in profiles[1:])
+    return [
+        label,
+        f"{headroom:.0%}",
+        str(len(budgets)),
+        f"{exact}/{len(budgets)}",
+        f"{fitted}/{len(budgets)}",
+        str(extra),
+        str(fallback),
+        f"{statistics.median(later):g}",
+        str(max(later)),
+    ]
+
+
 def build(case: Case, seq_len: int) -> Workload:
     return load_workload(case.target, {**case.options, "seq_len": seq_len})
 
@@ -246,6 +292,14 @@ def main(argv: list[str] | None = None) -> int:
             print("  ".join(row), flush=True)
         rows.extend(held_out)
         probes.extend(per_length)
+    replays = []
+    for label, target, options in REPLAYS[:1] if args.quick else REPLAYS:
+        curves = scan_lengths(target, options, REPLAY_SIZES)
+        workload = load_workload(target, {**options, "seq_len": min(REPLAY_SIZES)})
+        template = profile_workload(workload, CpuBackend(2**40), size_cap=1)
+        for headroom in (0.0, 0.05):
+            replays.append(replay_rows(label, curves, headroom, template))
+            print("  ".join(replays[-1]), flush=True)
     body = "\n\n".join(
         [
             "## Sequence length: held-out predictions (`bench/seqlen.py`)",
@@ -290,6 +344,30 @@ def main(argv: list[str] | None = None) -> int:
                 probes,
             ),
             summary(probes),
+            "### Every budget, replayed",
+            "The searches of `--seq-lens` (lengths 16, 32, 64) replayed on curves measured "
+            "once with the limit lifted, at every budget between two consecutive footprints "
+            "(as `bench/search.py` replays the model search). With no headroom a probe past "
+            "the budget runs out of memory and leaves no peak; a right guess then leaves "
+            "its length a single peak, and that length takes one more probe (the smallest "
+            "size within a factor of two below its M*) so that the fit can be made. Where "
+            "no length after the first has a size to spare (M* 1), later lengths are "
+            "aimed from one length and no fit is made (`no fit`); the other budgets "
+            "without a fit are those where fewer than two lengths fit a micro batch.",
+            markdown_table(
+                [
+                    "workload",
+                    "headroom",
+                    "budgets",
+                    "exact at every length",
+                    "fit made",
+                    "probes for the fit",
+                    "no fit",
+                    "probes per later length (median)",
+                    "max",
+                ],
+                replays,
+            ),
         ]
     )
     print()
