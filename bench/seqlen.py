@@ -18,22 +18,28 @@ writes nothing.
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import sys
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine_line, markdown_table, write_section
-from tuner.core.lengths import estimate_length
-from tuner.core.results import Profile
+from tuner.core.errors import BadInputError
+from tuner.core.lengths import estimate_length, fit_length_profiles
+from tuner.core.results import ProbeResult, Profile
 from tuner.core.units import format_bytes
-from tuner.engine.backends import make_backend
-from tuner.engine.lengths import profile_lengths
+from tuner.engine.backends import CpuBackend, make_backend
+from tuner.engine.lengths import profile_lengths, search_length
+from tuner.engine.probe import Prober
 from tuner.engine.profiler import profile_workload
 from tuner.engine.workload import Workload, load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,121 @@ QUICK_CASES = [
         (48,),
     )
 ]
+
+
+Curves = dict[int, dict[int, ProbeResult]]  # seq_len → micro batch → probe, limit lifted
+
+
+def scan_lengths(target: str, options: dict[str, object], sizes: dict[int, int]) -> Curves:
+    """Every micro batch from 1 to ``sizes[s]`` at each length ``s``, measured whole (the
+    limit lifted): tracked CPU memory is deterministic, so these curves answer any limit."""
+    curves: Curves = {}
+    for seq_len, scan_to in sorted(sizes.items()):
+        workload = load_workload(target, {**options, "seq_len": seq_len})
+        with Prober(workload, CpuBackend(2**40), headroom=0.0) as prober:
+            curves[seq_len] = {m: prober(m, enforce_capacity=False) for m in range(1, scan_to + 1)}
+    return curves
+
+
+def replay_budgets(curves: Curves) -> list[int]:
+    """A budget halfway between every two consecutive footprints measured at any length,
+    as long as every length's curve reaches past it (so its true ``M*`` is known)."""
+    reach = min(max(footprint(r) for r in curve.values()) for curve in curves.values())
+    peaks = sorted({footprint(r) for curve in curves.values() for r in curve.values()})
+    return [(a + b) // 2 for a, b in pairwise(peaks) if b <= reach]
+
+
+def footprint(result: ProbeResult) -> int:
+    assert result.footprint_bytes is not None
+    return result.footprint_bytes
+
+
+def true_max(curve: dict[int, ProbeResult], budget: int) -> int:
+    return max((m for m, r in curve.items() if footprint(r) <= budget), default=0)
+
+
+def replay_family(
+    curves: Curves, budget: int, template: Profile, *, headroom: float
+) -> tuple[list[Profile], list[str]]:
+    """Every length searched as ``--seq-lens`` does (:func:`search_length`), shortest
+    first, on the recorded curves against ``budget``; and what it reported. Above the
+    capacity ``budget / (1 − headroom)`` a probe runs out of memory and leaves no peak, as
+    the CPU backend's does; between the two it fails with its peak."""
+    capacity = math.ceil(budget / (1 - headroom))
+    profiles: list[Profile] = []
+    notes: list[str] = []
+    for seq_len, curve in sorted(curves.items()):
+
+        def probe(m: int, curve: dict[int, ProbeResult] = curve) -> ProbeResult:
+            if footprint(curve[m]) > capacity:
+                return ProbeResult(micro_batch_size=m, fits=False, oom=True)
+            return curve[m].model_copy(update={"fits": footprint(curve[m]) <= budget})
+
+        outcome = search_length(
+            probe,
+            cap=max(curve),
+            budget_bytes=budget,
+            earlier=profiles,
+            seq_len=seq_len,
+            report=notes.append,
+        )
+        workload = template.workload.model_copy(update={"seq_len": seq_len})
+        profiles.append(
+            template.model_copy(
+                update={
+                    "workload": workload,
+                    "workload_key": f"{seq_len:024d}",
+                    "budget_bytes": budget,
+                    "headroom": headroom,
+                    "max_micro_batch_size": outcome.max_micro_batch_size,
+                    "probes": outcome.probes,
+                }
+            )
+        )
+    return profiles, notes
+
+
+# Replayed on every budget between consecutive footprints (scanned sizes per length).
+REPLAYS: list[tuple[str, str, dict[str, object]]] = [
+    ("gpt", "examples.gpt:workload", {"vocab": 64, "dim": 16, "layers": 1, "heads": 2}),
+    ("gpt2 (transformers)", "tuner.hf:causal_lm", {"config": str(DATA / "tiny_gpt2.json")}),
+    ("llama (transformers)", "tuner.hf:causal_lm", {"config": str(DATA / "tiny_llama.json")}),
+]
+REPLAY_SIZES = {16: 24, 32: 12, 64: 6}
+
+
+def replay_rows(label: str, curves: Curves, headroom: float, template: Profile) -> list[str]:
+    """Over every budget: exact at every length, the fit made, probes taken for it, the
+    later lengths' probes (``template``: a profile of the workload to copy the rest from)."""
+    budgets = replay_budgets(curves)
+    exact = fitted = extra = fallback = 0
+    later: list[int] = []
+    for budget in budgets:
+        profiles, notes = replay_family(curves, budget, template, headroom=headroom)
+        exact += all(
+            p.max_micro_batch_size == true_max(curves[p.workload.seq_len or 0], budget)
+            for p in profiles
+        )
+        found = [p for p in profiles if p.max_micro_batch_size >= 1]
+        try:
+            fit_length_profiles(found, [p.workload.seq_len or 0 for p in found])
+            fitted += 1
+        except BadInputError:
+            pass
+        extra += sum("one more probe" in note for note in notes)
+        fallback += any("no fit across lengths" in note for note in notes)
+        later.extend(len(p.probes) for p in profiles[1:])
+    return [
+        label,
+        f"{headroom:.0%}",
+        str(len(budgets)),
+        f"{exact}/{len(budgets)}",
+        f"{fitted}/{len(budgets)}",
+        str(extra),
+        str(fallback),
+        f"{statistics.median(later):g}",
+        str(max(later)),
+    ]
 
 
 def build(case: Case, seq_len: int) -> Workload:
@@ -171,6 +292,14 @@ def main(argv: list[str] | None = None) -> int:
             print("  ".join(row), flush=True)
         rows.extend(held_out)
         probes.extend(per_length)
+    replays = []
+    for label, target, options in REPLAYS[:1] if args.quick else REPLAYS:
+        curves = scan_lengths(target, options, REPLAY_SIZES)
+        workload = load_workload(target, {**options, "seq_len": min(REPLAY_SIZES)})
+        template = profile_workload(workload, CpuBackend(2**40), size_cap=1)
+        for headroom in (0.0, 0.05):
+            replays.append(replay_rows(label, curves, headroom, template))
+            print("  ".join(replays[-1]), flush=True)
     body = "\n\n".join(
         [
             "## Sequence length: held-out predictions (`bench/seqlen.py`)",
@@ -215,6 +344,30 @@ def main(argv: list[str] | None = None) -> int:
                 probes,
             ),
             summary(probes),
+            "### Every budget, replayed",
+            "The searches of `--seq-lens` (lengths 16, 32, 64) replayed on curves measured "
+            "once with the limit lifted, at every budget between two consecutive footprints "
+            "(as `bench/search.py` replays the model search). With no headroom a probe past "
+            "the budget runs out of memory and leaves no peak; a right guess then leaves "
+            "its length a single peak, and that length takes one more probe (the smallest "
+            "size within a factor of two below its M*) so that the fit can be made. Where "
+            "no length after the first has a size to spare (M* 1), later lengths are "
+            "aimed from one length and no fit is made (`no fit`); the other budgets "
+            "without a fit are those where fewer than two lengths fit a micro batch.",
+            markdown_table(
+                [
+                    "workload",
+                    "headroom",
+                    "budgets",
+                    "exact at every length",
+                    "fit made",
+                    "probes for the fit",
+                    "no fit",
+                    "probes per later length (median)",
+                    "max",
+                ],
+                replays,
+            ),
         ]
     )
     print()

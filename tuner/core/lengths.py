@@ -10,6 +10,11 @@ the scores, and then ``c`` is close to zero: it is fitted, never assumed, and a 
 
 The fit is weighted least squares of relative errors (:mod:`tuner.core.least_squares`)
 over every probe that measured a peak near its length's boundary, where the answers are.
+Three unknowns need peaks at two lengths and two sizes at one of them at least: a search
+whose guess is right measures only ``M*`` at its length (``M* + 1`` runs out of memory
+and leaves no peak), and :mod:`tuner.engine.lengths` then measures one more size there.
+When the points cannot separate ``s²`` from ``s`` (one peak at a third length), ``c`` is
+set to zero as with two lengths.
 Lengths that were measured are answered by their own profile; others between the
 shortest and longest measured are estimated, and so are lengths down to half the
 shortest and up to :data:`EXTRAPOLATION` times the longest; further is refused, since
@@ -21,17 +26,24 @@ the fit's largest relative error on the measured probes, and never exceeds the m
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import suppress
 
 from pydantic import BaseModel, ConfigDict
 
 from tuner.core.errors import BadInputError
 from tuner.core.least_squares import fit_linear, relative_weights
 from tuner.core.plan import Basis
-from tuner.core.results import Profile
+from tuner.core.results import ProbeResult, Profile
 from tuner.core.worlds import near_boundary
 
 EXTRAPOLATION = 1.25  # answers reach this far past the longest measured length
 SHORTEST_FRACTION = 0.5  # and down to this fraction of the shortest
+
+
+_TOO_FEW_PEAKS = (
+    "the profiles measured too few peaks near the boundary to fit across lengths (two "
+    "sizes at one length at least): profile the lengths again with --seq-lens"
+)
 
 
 class LengthFit(BaseModel):
@@ -85,14 +97,23 @@ def fit_lengths(points: Sequence[tuple[int, int, int]]) -> LengthFit:
     lengths = sorted({s for _, s, _ in points})
     if len(lengths) < 2:
         raise BadInputError("a fit across sequence lengths needs profiles at two or more lengths")
+    sizes_at = {s: {m for m, at, _ in points if at == s} for s in lengths}
+    if max(len(sizes) for sizes in sizes_at.values()) < 2:
+        # One peak per length: m·s is nearly the same at every M* (the tokens a budget
+        # holds), so the per-token term would rest on the rounding between lengths.
+        raise BadInputError(_TOO_FEW_PEAKS)
     peaks = [float(peak) for _, _, peak in points]
     weights = relative_weights(peaks)
     with_pairs = [(1.0, float(s), float(m * s), float(m * s * s)) for m, s, _ in points]
-    a0, a1, b, c = (
-        fit_linear(with_pairs, peaks, weights) if len(lengths) >= 3 else (0.0, 0.0, 0.0, -1.0)
-    )
+    a0, a1, b, c = 0.0, 0.0, 0.0, -1.0
+    if len(lengths) >= 3:
+        with suppress(BadInputError):  # too few peaks to tell s from s² apart: c = 0 below
+            a0, a1, b, c = fit_linear(with_pairs, peaks, weights)
     if c < 0:  # two lengths cannot tell s from s² apart, or c is noise around zero
-        a0, a1, b = fit_linear([row[:3] for row in with_pairs], peaks, weights)
+        try:
+            a0, a1, b = fit_linear([row[:3] for row in with_pairs], peaks, weights)
+        except BadInputError:
+            raise BadInputError(_TOO_FEW_PEAKS) from None
         c = 0.0
     fit = LengthFit(
         fixed_bytes=a0,
@@ -113,13 +134,23 @@ def fit_length_profiles(profiles: Sequence[Profile], seq_lens: Sequence[int]) ->
         raise BadInputError("give one sequence length per profile")
     _check_comparable(profiles)
     points = [
-        (probe.micro_batch_size, seq_len, probe.footprint_bytes)
+        point
         for profile, seq_len in zip(profiles, seq_lens, strict=True)
-        for probe in profile.probes
-        if probe.footprint_bytes
-        and near_boundary(probe.micro_batch_size, profile.max_micro_batch_size)
+        for point in boundary_points(profile.probes, profile.max_micro_batch_size, seq_len)
     ]
     return fit_lengths(points)
+
+
+def boundary_points(
+    probes: Sequence[ProbeResult], max_micro_batch_size: int, seq_len: int
+) -> list[tuple[int, int, int]]:
+    """``(micro batch, seq_len, peak)`` of the probes at one length that the fit uses: those
+    with a measured peak within a factor of two of ``M*``."""
+    return [
+        (probe.micro_batch_size, seq_len, probe.footprint_bytes)
+        for probe in probes
+        if probe.footprint_bytes and near_boundary(probe.micro_batch_size, max_micro_batch_size)
+    ]
 
 
 def estimate_length(
@@ -142,16 +173,19 @@ def estimate_length(
             basis="measured",
             based_on=[seq_len],
         )
-    fit = fit_length_profiles(profiles, seq_lens)
-    lowest, highest = min(seq_lens), max(seq_lens)
+    # The range first: a length out of it is refused as such, whatever the fit would say.
+    fitted = sorted(s for s in seq_lens if by_length[s].max_micro_batch_size >= 1) or sorted(
+        seq_lens
+    )
+    lowest, highest = fitted[0], fitted[-1]
     if not lowest * SHORTEST_FRACTION <= seq_len <= highest * EXTRAPOLATION:
-        measured = ", ".join(map(str, fit.seq_lens))
         raise BadInputError(
-            f"seq_len {seq_len} is too far from the measured lengths ({measured}) "
-            f"to estimate: answers reach {int(lowest * SHORTEST_FRACTION)} to "
-            f"{int(highest * EXTRAPOLATION)}; profile it too (--seq-lens "
-            f"{','.join(map(str, sorted({*fit.seq_lens, seq_len})))})"
+            f"seq_len {seq_len} is too far from the measured lengths "
+            f"({', '.join(map(str, fitted))}) to estimate: answers reach "
+            f"{int(lowest * SHORTEST_FRACTION)} to {int(highest * EXTRAPOLATION)}; profile "
+            f"it too (--seq-lens {','.join(map(str, sorted({*fitted, seq_len})))})"
         )
+    fit = fit_length_profiles(profiles, seq_lens)
     if fit.per_sample_bytes(seq_len) <= 0:
         raise BadInputError("peak memory does not grow with the micro batch in these profiles")
     budget = profiles[0].budget_bytes

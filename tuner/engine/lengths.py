@@ -18,6 +18,14 @@ too high costs nothing (it fails, ``M* = guess − 1`` fits: two probes) while o
 costs more (``guess + 1`` fits too, and the search goes on). It never exceeds a shorter
 length's ``M*``: a longer sequence never fits more.
 
+The fit needs three peaks near the boundary that separate its terms, and a right guess
+measures only one at its length (``guess`` fits, ``guess + 1`` runs out of memory and
+leaves no peak). So, whenever the lengths measured so far cannot be fitted, the length
+just searched takes one more probe, the smallest size within a factor of two below its
+``M*`` (it fits: the cheapest probe that helps), which always separates them. When no such
+size exists (``M* = 1``), later lengths are aimed from one length, as the first is. Each
+of these is said through ``report``.
+
 Every profile is the workload's own at its length (its own workload key), with
 ``workload.seq_len`` and the ``workload.length_family`` they share
 (:func:`tuner.engine.fingerprint.length_family_key`).
@@ -27,12 +35,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any
 
 from tuner.core.errors import BadInputError, WorkloadError
-from tuner.core.lengths import fit_length_profiles
+from tuner.core.lengths import boundary_points, fit_length_profiles, fit_lengths
 from tuner.core.results import ProbeSettings, Profile
 from tuner.engine.backends import Backend
 from tuner.engine.fingerprint import length_family_key, workload_document
@@ -42,6 +52,7 @@ from tuner.engine.profiler import (
     ProbeObserver,
     profile_workload,
 )
+from tuner.engine.search import ProbeFn, SearchOutcome, hinted_search, run_search
 from tuner.engine.workload import Workload, load_workload
 
 LengthObserver = Callable[[int], AbstractContextManager[ProbeObserver | None]]
@@ -108,12 +119,14 @@ def profile_lengths(
     settings: ProbeSettings | None = None,
     observe: LengthObserver | None = None,
     world_size: int = 1,
+    report: Callable[[str], None] | None = None,
 ) -> list[Profile]:
     """One profile per length of ``build(seq_len)``, shortest first, linked as a family.
 
     ``observe(seq_len)`` (optional) gives the observer of that length's probes, as a
-    context entered around its search (the CLI's live display). With ``strategy="bisect"``
-    every length bisects from 1 and no guess is used.
+    context entered around its search (the CLI's live display); ``report`` (optional)
+    hears, in one line each, when a length took a probe for the fit or the fit fell back.
+    With ``strategy="bisect"`` every length bisects from 1 and no guess is used.
     """
     lengths = check_seq_lens(seq_lens)
     documents: list[dict[str, Any]] = []
@@ -128,7 +141,13 @@ def profile_lengths(
         documents.append(workload_document(workload, workload.build_optimizer()))
         if len(documents) > 1:  # before probing: a length that cannot join costs nothing
             length_family_key(documents)
-        guess = guess_max_micro_batch(profiles, seq_len) if profiles else None
+        search = partial(
+            search_length,
+            earlier=list(profiles),
+            seq_len=seq_len,
+            strategy=strategy,
+            report=report,
+        )
         with observe(seq_len) if observe is not None else nullcontext() as observer:
             profile = profile_workload(
                 workload,
@@ -139,27 +158,109 @@ def profile_lengths(
                 settings=settings,
                 observer=observer,
                 world_size=world_size,
-                guess=guess,
+                search=search,
             )
         profiles.append(_at_length(profile, seq_len, None))
     family = length_family_key(documents)
     return [_at_length(p, length, family) for p, length in zip(profiles, lengths, strict=True)]
 
 
+def search_length(
+    probe: ProbeFn,
+    *,
+    cap: int,
+    budget_bytes: int,
+    earlier: Sequence[Profile],
+    seq_len: int,
+    strategy: str = "model",
+    report: Callable[[str], None] | None = None,
+) -> SearchOutcome:
+    """The search of one length after ``earlier`` ones (profiles carrying their seq_len):
+    aimed by them (model strategy), then one more probe when the fit across the lengths
+    needs it (the module's docstring says when and which)."""
+    say = report or (lambda _: None)
+    if strategy == "model" and earlier:
+        guess, basis = _guess(earlier, seq_len)
+        if basis:
+            say(f"seq_len {seq_len}: aimed from one length: {basis}")
+        outcome = hinted_search(probe, cap=cap, budget_bytes=budget_bytes, guess=guess)
+    else:
+        outcome = run_search(strategy, probe, cap=cap, budget_bytes=budget_bytes)
+    before = _fit_points(earlier)
+    found = outcome.max_micro_batch_size
+    if found < 1 or not before or _separable([*before, *_points(outcome, seq_len)]):
+        return outcome
+    size = _size_for_fit(outcome)
+    if size is not None:
+        outcome = SearchOutcome(found, [*outcome.probes, probe(size)])
+        if _separable([*before, *_points(outcome, seq_len)]):
+            say(
+                f"seq_len {seq_len}: one more probe, at {size}, so that the fit across "
+                f"lengths has two peaks at this length (the guess {found} was right)"
+            )
+            return outcome
+    say(
+        f"seq_len {seq_len}: no fit across lengths yet (too few peaks near the boundary, "
+        f"M* {found}); later lengths are aimed from one length"
+    )
+    return outcome
+
+
+def _points(outcome: SearchOutcome, seq_len: int) -> list[tuple[int, int, int]]:
+    return boundary_points(outcome.probes, outcome.max_micro_batch_size, seq_len)
+
+
+def _fit_points(profiles: Sequence[Profile]) -> list[tuple[int, int, int]]:
+    return [
+        point
+        for p in profiles
+        if p.max_micro_batch_size >= 1
+        for point in boundary_points(p.probes, p.max_micro_batch_size, _seq_len(p))
+    ]
+
+
+def _separable(points: list[tuple[int, int, int]]) -> bool:
+    try:
+        fit_lengths(points)
+    except BadInputError:
+        return False
+    return True
+
+
+def _size_for_fit(outcome: SearchOutcome) -> int | None:
+    """The smallest size not yet measured within a factor of two below ``M*`` (it fits, so
+    it is the cheapest probe that gives this length a second peak near the boundary)."""
+    found = outcome.max_micro_batch_size
+    measured = {p.micro_batch_size for p in outcome.probes}
+    return next((m for m in range(max(1, math.ceil(found / 2)), found) if m not in measured), None)
+
+
 def guess_max_micro_batch(profiles: Sequence[Profile], seq_len: int) -> int:
     """The predicted ``M*`` at ``seq_len`` from profiles at shorter lengths (each carrying
     its ``workload.seq_len``); the formulas are in the module's docstring."""
+    return _guess(profiles, seq_len)[0]
+
+
+def _guess(profiles: Sequence[Profile], seq_len: int) -> tuple[int, str]:
+    """The guess, and why it comes from one length when two or more were measured (an
+    empty reason otherwise)."""
     found = [p for p in profiles if p.max_micro_batch_size >= 1]
     if not found:
-        return 1  # nothing fit at a shorter length: probe 1 to say so at this one
+        return 1, ""  # nothing fit at a shorter length: probe 1 to say so at this one
     bound = min(p.max_micro_batch_size for p in found)
     budget = found[-1].budget_bytes
+    reason = ""
     if len(found) >= 2:
-        fit = fit_length_profiles(found, [_seq_len(p) for p in found])
-        per_sample = fit.per_sample_bytes(seq_len)
-        if per_sample > 0:
-            return min(bound, int((budget - fit.predict(0, seq_len)) // per_sample))
-    return min(bound, _scaled_guess(found[-1], seq_len))
+        try:
+            fit = fit_length_profiles(found, [_seq_len(p) for p in found])
+        except BadInputError:
+            reason = "the lengths before it measured too few peaks near the boundary to fit"
+        else:
+            per_sample = fit.per_sample_bytes(seq_len)
+            if per_sample > 0:
+                return min(bound, int((budget - fit.predict(0, seq_len)) // per_sample)), ""
+            reason = "the fit has peaks that do not grow with the micro batch"
+    return min(bound, _scaled_guess(found[-1], seq_len)), reason
 
 
 def _scaled_guess(profile: Profile, seq_len: int) -> int:

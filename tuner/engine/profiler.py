@@ -24,7 +24,7 @@ from tuner.engine.backends import Backend, storage_bytes
 from tuner.engine.fingerprint import device_key, workload_key
 from tuner.engine.parallel import check_parallel
 from tuner.engine.probe import Prober
-from tuner.engine.search import STRATEGIES, SearchOutcome, hinted_search, run_search
+from tuner.engine.search import STRATEGIES, SearchOutcome, Strategy, run_search
 from tuner.engine.workload import Workload
 
 DEFAULT_HEADROOM = 0.05
@@ -61,13 +61,13 @@ def profile_workload(
     settings: ProbeSettings | None = None,
     observer: ProbeObserver | None = None,
     world_size: int = 1,
-    guess: int | None = None,
+    search: Strategy | None = None,
 ) -> Profile:
     """Find the largest micro batch of ``workload`` that fits ``backend`` with ``headroom``.
 
-    ``guess`` (a predicted ``M*``, e.g. from the same workload at other sequence lengths)
-    starts the model search there (:func:`tuner.engine.search.hinted_search`); the answer
-    is as exact as without it. ``bisect`` and distributed searches do not take one.
+    ``search`` (called as a strategy is) replaces ``strategy``'s search in one process,
+    e.g. one aimed by the same workload at other sequence lengths
+    (:func:`tuner.engine.lengths.search_length`); distributed searches do not take one.
 
     The user's model, optimizer, RNG and train/eval flags are left as they were. When even
     one sample does not fit, the profile says so (``max_micro_batch_size == 0``) and, on a
@@ -117,10 +117,8 @@ def profile_workload(
                 observer.probe_finished(result)
             return result
 
-        if guess is not None and strategy == "model":
-            outcome = hinted_search(
-                observed_probe, cap=size_cap, budget_bytes=prober.budget_bytes, guess=guess
-            )
+        if search is not None:
+            outcome = search(observed_probe, cap=size_cap, budget_bytes=prober.budget_bytes)
         else:
             outcome = run_search(
                 strategy, observed_probe, cap=size_cap, budget_bytes=prober.budget_bytes

@@ -88,6 +88,7 @@ def run_lengths(args: argparse.Namespace, stderr: Console) -> int:
             settings=ProbeSettings(warmup_steps=args.warmup_steps),
             observe=observe,
             world_size=args.world_size,
+            report=lambda line: stderr.print(line, highlight=False, markup=False),
         )
     except TunerError:
         raise
@@ -165,7 +166,11 @@ def print_lengths(
             soft_wrap=True,
         )
     else:
-        console.print(f"fit       none: {no_fit}", highlight=False, soft_wrap=True)
+        console.print(
+            f"fit       none: {no_fit}; other lengths are not estimated",
+            highlight=False,
+            soft_wrap=True,
+        )
     first, last = profiles[0], profiles[-1]
     console.print(
         f"family    {first.workload.length_family} (workload keys: "
@@ -174,12 +179,18 @@ def print_lengths(
         highlight=False,
         soft_wrap=True,
     )
-    shortest, longest = first.workload.seq_len or 0, last.workload.seq_len or 0
+    if fit is not None:  # the range the service estimates over: the lengths of the fit
+        shortest, longest = fit.seq_lens[0], fit.seq_lens[-1]
+        reach = (
+            f"estimated from {int(shortest * SHORTEST_FRACTION)} to "
+            f"{int(longest * EXTRAPOLATION)}, measured at the lengths above"
+        )
+    else:
+        reach = "N one of the lengths above"
     console.print(
         f"other lengths: tuner recommend --workload {last.workload_key} --device "
-        f"{first.device_key} --global-batch-size B --seq-len N (estimated from "
-        f"{int(shortest * SHORTEST_FRACTION)} to {int(longest * EXTRAPOLATION)}, measured at "
-        f"the lengths above{'' if stored else '; profile with --upload to store them'})",
+        f"{first.device_key} --global-batch-size B --seq-len N ({reach}"
+        f"{'' if stored else '; profile with --upload to store them'})",
         highlight=False,
         soft_wrap=True,
     )

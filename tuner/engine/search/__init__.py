@@ -9,13 +9,20 @@ from __future__ import annotations
 
 from tuner.engine.search.core import ProbeFn, SearchOutcome, SearchRecorder
 from tuner.engine.search.hinted import hinted_search
-from tuner.engine.search.strategies import STRATEGIES, bisect_search, model_search, run_search
+from tuner.engine.search.strategies import (
+    STRATEGIES,
+    Strategy,
+    bisect_search,
+    model_search,
+    run_search,
+)
 
 __all__ = [
     "STRATEGIES",
     "ProbeFn",
     "SearchOutcome",
     "SearchRecorder",
+    "Strategy",
     "bisect_search",
     "hinted_search",
     "model_search",
