@@ -14,11 +14,13 @@ operators of the thread that runs the step, which is what a GPU's caching alloca
 (NCCL gathers into FSDP's own buffers). Gloo does not: its all-gather gathers into a
 temporary of the output's size on a worker thread and copies out (``AsyncAllgatherWork``:
 ``flatOutputTensor = newLikeFlat(outputs[0])``, then ``outputs[j].copy_(…)``), and its
-work objects hold a collective's tensors until the worker lets go of them, after the step
-has dropped its own references. How long each lives depends on the worker's timing, so no
-formula of the all-gather sizes bounds it; the allocator's own events do, exactly. The cost
-(the profiler records every operator) is paid only on distributed CPU ranks, whose steps
-are timed apart from the tracked ones anyway.
+work objects hold a collective's tensors until the worker lets go of them.
+
+One gap of the profiler: a worker thread that frees outside the profiler's reach leaves no
+free event. Such a block is counted until its address is handed out again (it must have
+been freed by then): never too little, and exact where every free is recorded (one
+process and DDP agree with the tracker to the byte). The cost (the profiler records every
+operator) is paid only on distributed CPU ranks, whose steps are timed apart anyway.
 """
 
 from __future__ import annotations
