@@ -58,6 +58,7 @@ class MemoryBreakdownCreate(results.MemoryBreakdown):
     activations_bytes: SignedInt64
     allocator_cache_bytes: Int64 = 0
     communication_bytes: Int64 = 0
+    collective_copies_bytes: Int64 = 0
     activations_by_block_bytes: dict[Text200, Int64] = Field(default_factory=dict, max_length=4096)
 
 

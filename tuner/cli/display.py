@@ -242,6 +242,14 @@ def print_profile(
         f"budget {format_bytes(profile.budget_bytes)} ({profile.headroom:.0%} headroom)",
         highlight=False,
     )
+    copies = at_max.collective_copies_bytes if at_max is not None else 0
+    if copies:
+        console.print(
+            f"gloo      +{format_bytes(copies)} at micro batch {profile.max_micro_batch_size}: "
+            "gloo's all-gather copies on its worker threads, in the CPU limit's check; the peak "
+            "shown stands for a GPU (NCCL makes no such copies)",
+            highlight=False,
+        )
     if profile.fit is not None:
         console.print(
             f"fit       peak ≈ {format_bytes(profile.fit.fixed_bytes)} + "

@@ -45,6 +45,13 @@ class MemoryBreakdown(_Frozen):
     activations_bytes: int
     allocator_cache_bytes: int = 0
     communication_bytes: int = 0
+    collective_copies_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="on CPU ranks (gloo): what the process held at its peak beyond this "
+        "peak, every thread counted (gloo's all-gather temporaries on its worker threads); "
+        "a GPU with NCCL holds none of it. 0 elsewhere",
+    )
     activations_by_block_bytes: dict[str, int] = Field(
         default_factory=dict,
         description="bytes saved for backward by each top-level block at the end of forward "
@@ -70,8 +77,13 @@ class ProbeResult(_Frozen):
     """One measured training step at ``micro_batch_size``.
 
     ``peak_bytes`` is the reserved peak (what the process held); ``footprint_bytes`` adds
-    memory outside torch (CUDA context, other processes) and is what the budget is
-    compared with. Peaks are ``None`` when the step ran out of memory before finishing.
+    memory outside torch (CUDA context, other processes) and, on the CPU under gloo, the
+    collective copies, and is what the budget is compared with. Peaks are ``None`` when
+    the step ran out of memory before finishing.
+
+    ``collective_copies_bytes`` (the breakdown's, the largest over ranks): on CPU ranks
+    (gloo), what the process held beyond ``peak_bytes``. A GPU with NCCL holds none of it,
+    so ``peak_bytes`` leaves it out and stands for a GPU; the CPU limit is checked with it.
     """
 
     micro_batch_size: int = Field(ge=1)
@@ -117,7 +129,11 @@ class ProbeResult(_Frozen):
     def footprint_bytes(self) -> int | None:
         if self.peak_reserved_bytes is None:
             return None
-        return self.peak_reserved_bytes + self.non_torch_bytes
+        return self.peak_reserved_bytes + self.non_torch_bytes + self.collective_copies_bytes
+
+    @property
+    def collective_copies_bytes(self) -> int:
+        return self.breakdown.collective_copies_bytes if self.breakdown is not None else 0
 
 
 class AffineFit(_Frozen):

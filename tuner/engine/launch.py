@@ -230,7 +230,8 @@ def _hint(what: str) -> str:
 
 def combine(size: int, results: list[ProbeResult], settings: ProbeSettings) -> ProbeResult:
     """One probe from every rank's: peaks are the largest over ranks, it fits only when it
-    fits on every rank, the breakdown is that of the rank with the largest peak, and the
+    fits on every rank, the breakdown is that of the rank with the largest peak (with the
+    largest collective copies of any rank), and the
     step time is the slowest rank's (the step ends when the last rank's does)."""
     peaks = [r.peak_reserved_bytes or 0 for r in results]
     worst = results[max(range(len(results)), key=lambda i: peaks[i])]
@@ -241,6 +242,8 @@ def combine(size: int, results: list[ProbeResult], settings: ProbeSettings) -> P
     step_times = [r.step_time_s for r in results if r.step_time_s is not None]
     step_time = max(step_times) if len(step_times) == len(results) else None
     samples = size * settings.microbatches_per_step
+    # Gloo's copies: the most any rank held beyond its peak (the limit holds on every rank).
+    copies = max(r.collective_copies_bytes for r in results)
     return ProbeResult(
         micro_batch_size=size,
         fits=all(r.fits for r in results),
@@ -250,7 +253,11 @@ def combine(size: int, results: list[ProbeResult], settings: ProbeSettings) -> P
         non_torch_bytes=max(r.non_torch_bytes for r in results),
         alloc_retries=max(r.alloc_retries for r in results),
         phase_peaks_bytes=phases,
-        breakdown=worst.breakdown,
+        breakdown=(
+            worst.breakdown.model_copy(update={"collective_copies_bytes": copies})
+            if worst.breakdown is not None
+            else None
+        ),
         rank_peaks_bytes=peaks,
         rank_breakdowns=[r.breakdown for r in results if r.breakdown is not None],
         step_time_s=step_time,

@@ -44,12 +44,16 @@ DEFERRED_STOP = 2.0
 
 
 def fits_budget(reading: PeakReading, *, non_torch_bytes: int, budget_bytes: int) -> bool:
-    """``peak reserved + non-torch ≤ budget`` and no allocator retries.
+    """``peak reserved + non-torch + collective copies ≤ budget`` and no allocator retries.
 
+    The collective copies are what gloo holds on the CPU beyond the GPU-standing peak
+    (:mod:`tuner.engine.backends.allocations`): they are real memory of the process, so
+    training on the CPU must fit with them, though a GPU's peak would not carry them.
     A retry means the caching allocator had to free its cache and try again to satisfy a
     request: the size runs only by thrashing, and a slightly longer input would not run.
     """
-    return reading.reserved_bytes + non_torch_bytes <= budget_bytes and reading.alloc_retries == 0
+    held = reading.reserved_bytes + reading.collective_copies_bytes
+    return held + non_torch_bytes <= budget_bytes and reading.alloc_retries == 0
 
 
 class Prober:
@@ -298,6 +302,7 @@ class Prober:
             gradients_bytes=grads,
             optimizer_state_bytes=optimizer_state,
             communication_bytes=communication,
+            collective_copies_bytes=reading.collective_copies_bytes,
             activations_bytes=max(0, reading.allocated_bytes - resident),
             allocator_cache_bytes=max(0, reading.reserved_bytes - reading.allocated_bytes),
             activations_by_block_bytes=(

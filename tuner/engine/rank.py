@@ -51,7 +51,10 @@ def _serve(rank: int, request: RankRequest, conn: multiprocessing.connection.Con
     from tuner.engine.workload import load_workload
 
     device = f"cuda:{rank}" if request.device.startswith("cuda") else "cpu"
-    backend = make_backend(device, memory_limit_bytes=request.memory_limit_bytes)
+    # Gloo's worker threads allocate for the collectives: on the CPU the limit holds them too.
+    backend = make_backend(
+        device, memory_limit_bytes=request.memory_limit_bytes, count_all_threads=True
+    )
     workload = load_workload(request.target, dict(request.options))
     workload.parallel = request.parallel
     with (

@@ -19,15 +19,18 @@ __all__ = [
 ]
 
 
-def make_backend(device: str, *, memory_limit_bytes: int | None = None) -> Backend:
-    """``cpu`` (needs a limit), ``cuda`` or ``cuda:N`` (a limit there emulates a smaller card)."""
+def make_backend(
+    device: str, *, memory_limit_bytes: int | None = None, count_all_threads: bool = False
+) -> Backend:
+    """``cpu`` (needs a limit), ``cuda`` or ``cuda:N`` (a limit there emulates a smaller card).
+    ``count_all_threads``: on the CPU, also count what other threads allocate (a gloo rank)."""
     kind, _, index = device.partition(":")
     if kind == "cpu":
         if memory_limit_bytes is None:
             raise BadInputError(
                 "--device cpu needs --memory-limit, the memory to fit in, e.g. --memory-limit 2GiB"
             )
-        return CpuBackend(memory_limit_bytes)
+        return CpuBackend(memory_limit_bytes, count_all_threads=count_all_threads)
     if kind == "cuda" and (not index or index.isdigit()):
         from tuner.engine.backends.cuda import CudaBackend
 

@@ -26,6 +26,14 @@ class PeakReading:
     reserved_bytes: int = 0
     alloc_retries: int = 0
     phases: dict[str, int] = field(default_factory=dict)
+    # On the CPU under gloo: what the process's allocator held at its peak, every thread
+    # counted (gloo's own copies among it); 0 where not measured apart.
+    process_bytes: int = 0
+
+    @property
+    def collective_copies_bytes(self) -> int:
+        """What the process held beyond ``reserved_bytes``, the figure a GPU would hold."""
+        return max(0, self.process_bytes - self.reserved_bytes)
 
     def add(self, allocated: int, reserved: int, phase: str | None = None) -> None:
         self.allocated_bytes = max(self.allocated_bytes, allocated)
