@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -110,9 +111,9 @@ class Run:
 
     arch: Architecture
     options: dict[str, str]  # the factory's -o options
-    document: dict | None = None  # the one-process profile's --json
-    printed: dict[str, dict] = field(default_factory=dict)  # every --json profile, by command
-    answer: dict | None = None
+    document: dict[str, Any] | None = None  # the one-process profile's --json
+    printed: dict[str, dict[str, Any]] = field(default_factory=dict)  # each --json, by command
+    answer: dict[str, Any] | None = None
     cells: dict[str, Cell] = field(default_factory=dict)
 
     def profile_args(self, *, without: str = "") -> list[str]:
@@ -205,13 +206,13 @@ class Failure(Exception):
         self.command, self.line = command, line
 
 
-def run_json(service: Service, args: list[str]) -> tuple[dict, str]:
+def run_json(service: Service, args: list[str]) -> tuple[dict[str, Any], str]:
     """Run a ``--json`` command: its document and the command as typed, or a Failure."""
     code, out, err, shown = tuner(service, args)
     if code != 0:
         raise Failure(shown, f"exit {code}: {last_line(err or out)}")
     try:
-        document: dict = json.loads(out)
+        document: dict[str, Any] = json.loads(out)
     except json.JSONDecodeError as exc:
         raise Failure(shown, f"stdout is not one JSON object: {exc}") from None
     return document, shown

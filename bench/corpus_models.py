@@ -160,7 +160,8 @@ class TinyResNet(nn.Module):
         x = self.stem(x)
         for block in self.blocks:
             x = block(x)
-        return self.head(x.mean(dim=(2, 3)))
+        logits: torch.Tensor = self.head(x.mean(dim=(2, 3)))
+        return logits
 
 
 class InvertedResidual(nn.Module):
@@ -201,7 +202,8 @@ class TinyMobileNet(nn.Module):
         x = self.stem(x)
         for block in self.blocks:
             x = block(x)
-        return self.head(x.mean(dim=(2, 3)))
+        logits: torch.Tensor = self.head(x.mean(dim=(2, 3)))
+        return logits
 
 
 class LstmLm(nn.Module):
