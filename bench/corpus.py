@@ -182,11 +182,15 @@ def last_line(text: str) -> str:
 
 def tuner(service: Service, args: list[str]) -> tuple[int, str, str, str]:
     """Run ``tuner ARGS``; return the exit status, stdout, stderr and the command as typed."""
-    command = ["tuner", *args]
-    shown = " ".join(command)
+    shown = " ".join(["tuner", *args])
+    return (*run_process(service, ["-m", "tuner.cli", *args], shown), shown)
+
+
+def run_process(service: Service, argv: list[str], shown: str) -> tuple[int, str, str]:
+    """``python ARGV`` in the service's environment, time-boxed: a hang is a failure."""
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "tuner.cli", *args],
+            [sys.executable, *argv],
             env=service.env,
             cwd=ROOT,
             capture_output=True,
@@ -194,8 +198,8 @@ def tuner(service: Service, args: list[str]) -> tuple[int, str, str, str]:
             timeout=COMMAND_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
-        return 124, "", f"timed out after {COMMAND_TIMEOUT_S} s", shown
-    return done.returncode, done.stdout, done.stderr, shown
+        raise Failure(shown, f"timed out after {COMMAND_TIMEOUT_S} s") from None
+    return done.returncode, done.stdout, done.stderr
 
 
 class Failure(Exception):
@@ -259,7 +263,7 @@ def check_json(service: Service, run: Run) -> Cell:
 def check_seq_lens(service: Service, run: Run) -> Cell:
     lengths = run.arch.seq_lens
     if lengths is None:
-        return Cell("n.a.", "no sequence length")
+        return Cell("n.a.", "the factory takes no seq_len")
     args = ["profile", *run.profile_args(without="seq_len"), "--seq-lens", lengths, "--json"]
     document, shown = run_json(service, args)
     profiles = document.get("profiles") or []
@@ -350,20 +354,11 @@ def check_train(service: Service, run: Run) -> Cell:
         return Cell("n.a.", "no plan (profile and recommend failed)")
     pairs = [f"{name}={value}" for name, value in run.options.items()]
     payload = json.dumps([run.arch.target, pairs, plan, run.arch.global_batch_size])
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _TRAIN, payload],
-            env=service.env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        return Cell("FAIL", command="3 accumulating steps", line="timed out")
-    if done.returncode != 0:
-        return Cell("FAIL", command=f"3 accumulating steps ({source})", line=last_line(done.stderr))
-    loss = float(done.stdout.strip().splitlines()[-1])
+    shown = f"3 accumulating steps with the {source}"
+    code, out, err = run_process(service, ["-c", _TRAIN, payload], shown)
+    if code != 0:
+        raise Failure(shown, last_line(err))
+    loss = float(out.strip().splitlines()[-1])
     split = "+".join(map(str, plan["split"]))
     note = f"{split}, loss {loss:.2f}"
     return Cell("pass", note if source == "answer" else f"{note} (with the {source})")

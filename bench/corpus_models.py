@@ -140,7 +140,22 @@ class BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-class TinyResNet(nn.Module):
+class _Classifier(nn.Module):
+    """A stem, a list of blocks, global average pooling and a linear head."""
+
+    stem: nn.Module
+    blocks: nn.ModuleList
+    head: nn.Module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        logits: torch.Tensor = self.head(x.mean(dim=(2, 3)))
+        return logits
+
+
+class TinyResNet(_Classifier):
     """A ResNet of basic blocks at widths 16, 32, 64 for 32×32 images."""
 
     def __init__(self, classes: int = 10, widths: tuple[int, ...] = (16, 32, 64)) -> None:
@@ -155,13 +170,6 @@ class TinyResNet(nn.Module):
             previous = width
         self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(previous, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.stem(x)
-        for block in self.blocks:
-            x = block(x)
-        logits: torch.Tensor = self.head(x.mean(dim=(2, 3)))
-        return logits
 
 
 class InvertedResidual(nn.Module):
@@ -187,7 +195,7 @@ class InvertedResidual(nn.Module):
         return x + out if self.residual else out
 
 
-class TinyMobileNet(nn.Module):
+class TinyMobileNet(_Classifier):
     """Inverted residuals at widths 16, 24, 32 for 32×32 images."""
 
     def __init__(self, classes: int = 10) -> None:
@@ -197,13 +205,6 @@ class TinyMobileNet(nn.Module):
             [InvertedResidual(16, 16, 1), InvertedResidual(16, 24, 2), InvertedResidual(24, 32, 2)]
         )
         self.head = nn.Linear(32, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.stem(x)
-        for block in self.blocks:
-            x = block(x)
-        logits: torch.Tensor = self.head(x.mean(dim=(2, 3)))
-        return logits
 
 
 class LstmLm(nn.Module):

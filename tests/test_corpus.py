@@ -3,12 +3,13 @@ real ``tuner serve`` it starts, prints its table, and writes nothing."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import subprocess_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -22,7 +23,7 @@ def test_the_quick_corpus_profiles_uploads_answers_and_trains_the_lstm() -> None
         text=True,
         timeout=240,
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=subprocess_env(),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     row = next(line for line in done.stdout.splitlines() if line.startswith("| lstm |"))

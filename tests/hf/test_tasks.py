@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
-import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.accumulate_helpers import (
+    frozen_sgd,
+    full_batch_gradients,
+    gradients,
+    relative_difference,
+)
+from tests.helpers import run_tuner
 from tuner.core.errors import WorkloadError
 from tuner.engine.workload import load_workload
 from tuner.hf import causal_lm, image_classification, seq2seq_lm, shard_blocks, workload
@@ -20,7 +24,6 @@ from tuner.train.accumulate import Accumulator
 pytest.importorskip("transformers")
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-REPO = DATA.parent.parent
 T5 = {
     "model_type": "t5", "vocab_size": 64, "d_model": 32, "d_kv": 8, "d_ff": 64,
     "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
@@ -46,17 +49,14 @@ def test_an_encoder_decoder_accumulates_the_full_batch_gradient(config) -> None:
     batch = model_workload.make_batch(5)
     assert model_workload.loss_units is not None
     assert model_workload.loss_units(batch) == 5 * 8  # every target token: no shift
-    reference = copy.deepcopy(model_workload.model)
-    model_workload.loss_fn(reference, batch).backward()  # no dropout: the same function
+    want = full_batch_gradients(model_workload, batch)  # no dropout: the same function
     model = model_workload.model
     accumulator = Accumulator(
-        model, torch.optim.SGD(model.parameters(), lr=0.0), 2, model_workload.loss_fn,
-        model_workload.loss_units, split=[2, 2, 1],
+        model, frozen_sgd(model), 2, model_workload.loss_fn, model_workload.loss_units,
+        split=[2, 2, 1],
     )  # fmt: skip
     accumulator.step(batch)
-    for got, want in zip(model.parameters(), reference.parameters(), strict=True):
-        if want.grad is not None:
-            torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-6)
+    assert relative_difference(gradients(model), want) < 1e-5
 
 
 def test_an_image_classifier_from_the_command_line_target() -> None:
@@ -103,13 +103,11 @@ def test_fsdp_shards_each_block_the_model_names_then_the_model(model_workload, b
 
 @pytest.mark.slow
 def test_a_transformers_model_profiles_under_fsdp_on_two_ranks() -> None:
-    command = [
-        sys.executable, "-m", "tuner.cli", "profile", "tuner.hf:causal_lm",
-        "-o", f"config={DATA / 'tiny_llama.json'}", "-o", "seq_len=16",
-        "--device", "cpu", "--memory-limit", "8MiB", "--world-size", "2",
-        "--parallel", "fsdp", "--json",
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    done = run_tuner(
+        "profile", "tuner.hf:causal_lm", "-o", f"config={DATA / 'tiny_llama.json'}",
+        "-o", "seq_len=16", "--device", "cpu", "--memory-limit", "8MiB",
+        "--world-size", "2", "--parallel", "fsdp", "--json", timeout=300,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
     assert document["world_size"] == 2
