@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -389,34 +390,55 @@ def factory_options(arch: Architecture, configs: Path) -> dict[str, str]:
     return options
 
 
-def run_corpus(architectures: list[Architecture], paths: list[str], workdir: Path) -> list[Run]:
+def run_architecture(service: Service, arch: Architecture, paths: list[str], configs: Path) -> Run:
+    """Every path of one architecture, in order: later paths use what earlier ones printed."""
+    run = Run(arch, factory_options(arch, configs))
+    for path in paths:
+        started = time.monotonic()
+        try:
+            cell = CHECKS[path](service, run)
+        except Failure as failure:
+            cell = Cell("FAIL", command=failure.command, line=failure.line)
+        except Exception as exc:  # a broken expectation of this script: a failure too
+            line = f"{type(exc).__name__}: {exc}"
+            cell = Cell("FAIL", command=f"bench/corpus.py {path}", line=line)
+        cell.seconds = time.monotonic() - started
+        run.cells[path] = cell
+        mark = cell.note if cell.status == "pass" else cell.line or cell.note
+        print(
+            f"{arch.name:>10} {path:>9} {cell.status:>4} {cell.seconds:5.1f}s  {mark}", flush=True
+        )
+    return run
+
+
+def run_corpus(
+    architectures: list[Architecture],
+    paths: list[str],
+    workdir: Path,
+    *,
+    jobs: int = 1,
+    done: Callable[[list[Run]], None] = lambda runs: None,
+) -> list[Run]:
+    """Each architecture's paths against one service, ``jobs`` architectures at a time (the
+    work is in subprocesses, so threads suffice); ``done`` sees the runs finished so far, in
+    the corpus's order, after each one."""
     service = Service(workdir)
     configs = workdir / "configs"
     configs.mkdir()
-    runs = []
+    finished: dict[str, Run] = {}
     try:
-        for arch in architectures:
-            run = Run(arch, factory_options(arch, configs))
-            for path in paths:
-                started = time.monotonic()
-                try:
-                    cell = CHECKS[path](service, run)
-                except Failure as failure:
-                    cell = Cell("FAIL", command=failure.command, line=failure.line)
-                except Exception as exc:  # a broken expectation of this script: a failure too
-                    line = f"{type(exc).__name__}: {exc}"
-                    cell = Cell("FAIL", command=f"bench/corpus.py {path}", line=line)
-                cell.seconds = time.monotonic() - started
-                run.cells[path] = cell
-                mark = cell.note if cell.status == "pass" else cell.line or cell.note
-                print(
-                    f"{arch.name:>10} {path:>9} {cell.status:>4} {cell.seconds:5.1f}s  {mark}",
-                    flush=True,
-                )
-            runs.append(run)
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [
+                pool.submit(run_architecture, service, arch, paths, configs)
+                for arch in architectures
+            ]
+            for future in as_completed(futures):
+                run = future.result()
+                finished[run.arch.name] = run
+                done([finished[a.name] for a in architectures if a.name in finished])
     finally:
         service.stop()
-    return runs
+    return [finished[a.name] for a in architectures]
 
 
 def report(runs: list[Run], paths: list[str]) -> tuple[str, str]:
@@ -449,6 +471,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="every path on the LSTM; no write")
     parser.add_argument("--only", default=None, help="architectures, comma-separated")
     parser.add_argument("--paths", default=None, help=f"of {', '.join(PATHS)}")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="models at a time (default 1; each runs its own "
+        "subprocesses, two ranks under ddp and fsdp)",
+    )
     args = parser.parse_args()
     names = args.only.split(",") if args.only else (["lstm"] if args.quick else None)
     by_name = {arch.name: arch for arch in CORPUS}
@@ -461,20 +490,32 @@ def main() -> None:
             f"paths {', '.join(PATHS)}"
         )
     architectures = [by_name[n] for n in names] if names else list(CORPUS)
+    record = not (args.quick or args.only or args.paths)  # only the whole corpus is the record
     started = time.monotonic()
+
+    def summarise(runs: list[Run]) -> tuple[str, str, str, int]:
+        table, failures = report(runs, paths)
+        cells = [c for run in runs for c in run.cells.values()]
+        counts = {s: sum(c.status == s for c in cells) for s in ("pass", "FAIL", "n.a.")}
+        minutes = (time.monotonic() - started) / 60
+        summary = (
+            f"{counts['pass']} pass, {counts['FAIL']} fail, {counts['n.a.']} n.a. "
+            f"in {minutes:.1f} min"
+        )
+        if len(runs) < len(architectures):
+            summary += f" (partial: {len(runs)} of {len(architectures)} models so far)"
+        return table, failures, summary, counts["FAIL"]
+
+    def write_so_far(runs: list[Run]) -> None:
+        # Rewritten after every model, so that an interrupted run keeps what it measured.
+        if record:
+            write_section(SECTION, _section(*summarise(runs)[:3]))
+
     with tempfile.TemporaryDirectory(prefix="corpus-") as workdir:
-        runs = run_corpus(architectures, paths, Path(workdir))
-    minutes = (time.monotonic() - started) / 60
-    table, failures = report(runs, paths)
-    cells = [c for run in runs for c in run.cells.values()]
-    counts = {s: sum(c.status == s for c in cells) for s in ("pass", "FAIL", "n.a.")}
-    summary = (
-        f"{counts['pass']} pass, {counts['FAIL']} fail, {counts['n.a.']} n.a. in {minutes:.1f} min"
-    )
+        runs = run_corpus(architectures, paths, Path(workdir), jobs=args.jobs, done=write_so_far)
+    table, failures, summary, failed = summarise(runs)
     print(f"\n{table}\n\n{failures}\n\n{summary}")
-    if not (args.quick or args.only or args.paths):  # only the whole corpus is the record
-        write_section(SECTION, _section(table, failures, summary))
-    if counts["FAIL"]:
+    if failed:
         sys.exit(1)
 
 
