@@ -29,7 +29,8 @@ issue that touches the engine.
 Run: ``python bench/corpus.py`` (about 15 minutes on 2 cores); it rewrites its section of
 BENCHMARKS.md and exits 1 when a cell failed. ``--only lstm,qwen2`` runs some
 architectures, ``--paths profile,train`` some paths, ``--quick`` every path on the LSTM
-alone: these write nothing.
+alone: these write nothing. ``--jobs N`` runs N models at a time, ``--timeout S`` gives
+each command S seconds (600; on a machine shared with other work, give more).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PATHS = ("profile", "seq-lens", "ddp", "fsdp", "explore", "json", "upload", "recommend", "train")
-COMMAND_TIMEOUT_S = 300
+COMMAND_TIMEOUT_S = 600  # --timeout; a command slower than this is a failure (a hang)
 SECTION = "corpus"
 
 
@@ -466,12 +467,16 @@ def report(runs: list[Run], paths: list[str]) -> tuple[str, str]:
 
 
 def main() -> None:
+    global COMMAND_TIMEOUT_S
     from bench.common import write_section
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every path on the LSTM; no write")
     parser.add_argument("--only", default=None, help="architectures, comma-separated")
     parser.add_argument("--paths", default=None, help=f"of {', '.join(PATHS)}")
+    parser.add_argument(
+        "--timeout", type=int, default=COMMAND_TIMEOUT_S, help="seconds a command may take"
+    )
     parser.add_argument(
         "--jobs",
         type=int,
@@ -480,6 +485,8 @@ def main() -> None:
         "subprocesses, two ranks under ddp and fsdp)",
     )
     args = parser.parse_args()
+    COMMAND_TIMEOUT_S = args.timeout
+    load = os.getloadavg()[0]  # on a shared machine, minutes mean little without it
     names = args.only.split(",") if args.only else (["lstm"] if args.quick else None)
     by_name = {arch.name: arch for arch in CORPUS}
     unknown = sorted(set(names or ()) - set(by_name))
@@ -510,7 +517,15 @@ def main() -> None:
     def write_so_far(runs: list[Run]) -> None:
         # Rewritten after every model, so that an interrupted run keeps what it measured.
         if record:
-            write_section(SECTION, _section(*summarise(runs)[:3]))
+            table, failures, summary, _ = summarise(runs)
+            write_section(
+                SECTION,
+                _section(
+                    table,
+                    failures,
+                    f"{summary}, {args.jobs} at a time, load average {load:.1f} at the start",
+                ),
+            )
 
     with tempfile.TemporaryDirectory(prefix="corpus-") as workdir:
         runs = run_corpus(architectures, paths, Path(workdir), jobs=args.jobs, done=write_so_far)
