@@ -1,12 +1,17 @@
 """Hugging Face ``transformers`` models as workloads: ``tuner profile tuner.hf:causal_lm
--o config=config.json``. Importing this package needs neither transformers nor peft;
+-o config=config.json`` (also ``sequence_classification``, ``seq2seq_lm`` and
+``image_classification``). Importing this package needs neither transformers nor peft;
 building a workload does (the ``hf`` extra)."""
 
 from tuner.hf.workloads import (
     TASKS,
     causal_lm,
+    image_classification,
+    labelled_tokens,
     load_config,
+    seq2seq_lm,
     sequence_classification,
+    shard_blocks,
     target_tokens,
     workload,
 )
@@ -14,8 +19,12 @@ from tuner.hf.workloads import (
 __all__ = [
     "TASKS",
     "causal_lm",
+    "image_classification",
+    "labelled_tokens",
     "load_config",
+    "seq2seq_lm",
     "sequence_classification",
+    "shard_blocks",
     "target_tokens",
     "workload",
 ]

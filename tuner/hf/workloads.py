@@ -3,15 +3,25 @@
     tuner profile tuner.hf:causal_lm -o config=path/to/config.json -o seq_len=2048 \\
         -o precision=bf16 -o checkpointing=true
 
+Tasks: ``causal_lm`` (decoder-only), ``sequence_classification`` (an encoder, or a
+decoder with a classification head), ``seq2seq_lm`` (encoder-decoder: T5, BART; the
+source and the target are both ``seq_len`` tokens) and ``image_classification`` (ViT and
+other vision models: images of the config's ``image_size``, no sequence length).
+
 The model is built with random weights from its config (``AutoModelFor….from_config``),
 so a profile needs the architecture, never the weights; or pass a model instance from
 Python (``causal_lm(model=my_model, seq_len=1024)``). Batches are the worst case for
 memory: every sequence ``seq_len`` tokens long.
 
+Under ``--parallel fsdp`` every block the model itself names as one that must not be split
+(``_no_split_modules``: a decoder layer, an encoder layer) is sharded on its own, then the
+whole model, as FSDP's documentation does for transformers.
+
 Losses follow the accumulator's rules (:mod:`tuner.train.accumulate`): a causal LM's
 loss is the model's own (the mean over target tokens after the shift, ``-100`` ignored)
-and ``loss_units`` counts exactly those targets, ``labels[:, 1:] != -100``; a
-classifier's loss is the mean over samples.
+and ``loss_units`` counts exactly those targets, ``labels[:, 1:] != -100``; an
+encoder-decoder's is the model's own too (the mean over target tokens, no shift) and
+``loss_units`` counts ``labels != -100``; a classifier's loss is the mean over samples.
 
 ``transformers`` is an optional extra (``pip install 'microbatch-tuner[hf]'``), and so
 is ``peft`` for LoRA adapters (``-o lora=8``): frozen base weights have no gradients and
@@ -32,10 +42,19 @@ from torch import nn
 from tuner.core.errors import WorkloadError
 from tuner.engine.workload import PRECISIONS, Workload
 
-Task = Literal["causal-lm", "sequence-classification"]
+Task = Literal["causal-lm", "sequence-classification", "seq2seq-lm", "image-classification"]
 TASKS: tuple[str, ...] = get_args(Task)
 IGNORE_INDEX = -100
 Batch = dict[str, torch.Tensor]
+
+
+_AUTO_CLASSES = {
+    "causal-lm": "AutoModelForCausalLM",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "seq2seq-lm": "AutoModelForSeq2SeqLM",
+    "image-classification": "AutoModelForImageClassification",
+}
+_CLASSIFIERS = ("sequence-classification", "image-classification")
 
 
 def workload(
@@ -43,7 +62,7 @@ def workload(
     task: str = "causal-lm",
     config: str | Mapping[str, Any] | None = None,
     model: nn.Module | None = None,
-    seq_len: int = 512,
+    seq_len: int | None = None,
     precision: str = "fp32",
     checkpointing: bool = False,
     compile: bool = False,
@@ -51,27 +70,28 @@ def workload(
     lr: float = 1e-4,
     num_labels: int = 2,
 ) -> Workload:
-    """A ``transformers`` model as a workload, for ``task`` (``causal-lm`` or
-    ``sequence-classification``). Give ``config`` (a ``config.json`` file, a folder
-    holding one, or a dict with ``model_type``) or a ``model`` instance."""
+    """A ``transformers`` model as a workload, for ``task`` (``causal-lm``,
+    ``sequence-classification``, ``seq2seq-lm`` or ``image-classification``). Give
+    ``config`` (a ``config.json`` file, a folder holding one, or a dict with ``model_type``)
+    or a ``model`` instance. Text tasks take ``seq_len`` (default 512); images have the
+    config's ``image_size`` and take none."""
     transformers = _transformers()
     if task not in TASKS:
         raise WorkloadError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     if precision not in PRECISIONS:
         raise WorkloadError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    if task == "image-classification" and seq_len is not None:
+        raise WorkloadError(
+            "image-classification takes no seq_len: its images have the config's image_size"
+        )
     if model is None:
         loaded = load_config(config, transformers)
-        if task == "sequence-classification":
+        if task in _CLASSIFIERS:
             loaded.num_labels = num_labels
-            if loaded.pad_token_id is None:
-                loaded.pad_token_id = 0  # sequence classifiers find each sample's last token
+        if task == "sequence-classification" and loaded.pad_token_id is None:
+            loaded.pad_token_id = 0  # sequence classifiers find each sample's last token
         torch.manual_seed(0)
-        auto = (
-            transformers.AutoModelForCausalLM
-            if task == "causal-lm"
-            else transformers.AutoModelForSequenceClassification
-        )
-        model = auto.from_config(loaded)
+        model = getattr(transformers, _AUTO_CLASSES[task]).from_config(loaded)
     elif config is not None:
         raise WorkloadError("give config or model, not both")
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
@@ -79,7 +99,9 @@ def workload(
             f"model must be a transformers PreTrainedModel, got {type(model).__name__}"
         )
     model_config: Any = model.config
-    _check_length(seq_len, model_config)
+    if task != "image-classification":
+        seq_len = 512 if seq_len is None else seq_len
+        _check_length(seq_len, model_config)
     if checkpointing:
         _enable_checkpointing(model)
         model_config.use_cache = False
@@ -91,21 +113,17 @@ def workload(
             # Importing inductor the first time trips a deprecation inside torch itself.
             warnings.simplefilter("ignore", DeprecationWarning)
             trained = torch.compile(model)  # type: ignore[assignment]
-    vocab = int(model_config.vocab_size)
-    make_batch = (
-        _causal_batches(vocab, seq_len)
-        if task == "causal-lm"
-        else _class_batches(vocab, seq_len, num_labels)
-    )
+    make_batch, loss_units = _batches(task, model_config, seq_len, num_labels)
     return Workload(
         name=_name(model_config, task, seq_len, lora),
         model=trained,
         optimizer=lambda params: torch.optim.AdamW([p for p in params if p.requires_grad], lr=lr),
         make_batch=make_batch,
         loss_fn=_model_loss,
-        loss_units=target_tokens if task == "causal-lm" else None,
+        loss_units=loss_units,
         precision=precision,  # type: ignore[arg-type]
         activation_checkpointing=checkpointing,
+        shard=shard_blocks,
         variants={"checkpointing": [False, True]},
     )
 
@@ -120,9 +138,58 @@ def sequence_classification(**options: Any) -> Workload:
     return workload(task="sequence-classification", **options)
 
 
+def seq2seq_lm(**options: Any) -> Workload:
+    """An encoder-decoder (``AutoModelForSeq2SeqLM``: T5, BART): source and target both
+    ``seq_len`` tokens, loss over the target tokens."""
+    return workload(task="seq2seq-lm", **options)
+
+
+def image_classification(
+    *,
+    config: str | Mapping[str, Any] | None = None,
+    model: nn.Module | None = None,
+    precision: str = "fp32",
+    checkpointing: bool = False,
+    compile: bool = False,
+    lora: int = 0,
+    lr: float = 1e-4,
+    num_labels: int = 2,
+) -> Workload:
+    """An image classifier (``AutoModelForImageClassification``: ViT and others): images of
+    the config's ``image_size``, loss per sample. No ``seq_len``, so ``--seq-lens`` refuses it."""
+    return workload(
+        task="image-classification",
+        config=config,
+        model=model,
+        precision=precision,
+        checkpointing=checkpointing,
+        compile=compile,
+        lora=lora,
+        lr=lr,
+        num_labels=num_labels,
+    )
+
+
+def shard_blocks(model: nn.Module, fully_shard: Callable[[nn.Module], Any]) -> None:
+    """FSDP: shard each block the model names in ``_no_split_modules`` (its decoder or
+    encoder layers), then the whole model, so that one block is gathered at a time."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if m is not model and type(m).__name__ in names]
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+
+
 def target_tokens(batch: Batch) -> int:
     """The tokens a causal LM's loss averages over: labels after the shift, not -100."""
     return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
+
+def labelled_tokens(batch: Batch) -> int:
+    """The tokens an encoder-decoder's loss averages over: every label that is not -100."""
+    return int((batch["labels"] != IGNORE_INDEX).sum())
 
 
 def load_config(config: str | Mapping[str, Any] | None, transformers: Any) -> Any:
@@ -193,11 +260,20 @@ def _check_length(seq_len: int, config: Any) -> None:
         )
 
 
-def _name(config: Any, task: str, seq_len: int, lora: int) -> str:
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", "?")
-    width = getattr(config, "hidden_size", None) or getattr(config, "n_embd", "?")
+def _name(config: Any, task: str, seq_len: int | None, lora: int) -> str:
+    layers = (
+        getattr(config, "num_hidden_layers", None)
+        or getattr(config, "n_layer", None)
+        or getattr(config, "num_layers", "?")  # T5
+    )
+    width = (
+        getattr(config, "hidden_size", None)
+        or getattr(config, "n_embd", None)
+        or getattr(config, "d_model", "?")  # T5, BART
+    )
     adapters = f"-lora{lora}" if lora else ""
-    return f"hf-{config.model_type}-{task}-{layers}l{width}d-{seq_len}{adapters}"
+    shape = seq_len if seq_len is not None else f"{getattr(config, 'image_size', '?')}px"
+    return f"hf-{config.model_type}-{task}-{layers}l{width}d-{shape}{adapters}"
 
 
 def _random_ids(n: int, seq_len: int, vocab: int, rank: int) -> torch.Tensor:
@@ -206,6 +282,35 @@ def _random_ids(n: int, seq_len: int, vocab: int, rank: int) -> torch.Tensor:
     # left out: a classifier's padding token.
     generator = torch.Generator().manual_seed(rank) if rank else None
     return torch.randint(1, vocab, (n, seq_len), generator=generator)
+
+
+def _batches(
+    task: str, config: Any, seq_len: int | None, num_labels: int
+) -> tuple[Callable[..., Batch], Callable[[Batch], int] | None]:
+    """The task's worst-case batches, and what its loss averages over (None: samples)."""
+    if task == "image-classification":
+        return _image_batches(config, num_labels), None
+    assert seq_len is not None  # text tasks always have one by now
+    vocab = int(config.vocab_size)
+    if task == "causal-lm":
+        return _causal_batches(vocab, seq_len), target_tokens
+    if task == "seq2seq-lm":
+        return _causal_batches(vocab, seq_len), labelled_tokens
+    return _class_batches(vocab, seq_len, num_labels), None
+
+
+def _image_batches(config: Any, num_labels: int) -> Callable[..., Batch]:
+    size = int(getattr(config, "image_size", 224))
+    channels = int(getattr(config, "num_channels", 3))
+
+    def make_batch(n: int, rank: int = 0) -> Batch:
+        generator = torch.Generator().manual_seed(rank) if rank else None
+        return {
+            "pixel_values": torch.randn(n, channels, size, size, generator=generator),
+            "labels": torch.arange(n) % num_labels,
+        }
+
+    return make_batch
 
 
 def _causal_batches(vocab: int, seq_len: int) -> Callable[..., Batch]:
