@@ -31,7 +31,17 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import BindParameter, Select, and_, bindparam, func, or_, select
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    ScalarSelect,
+    Select,
+    and_,
+    bindparam,
+    func,
+    or_,
+    select,
+)
 
 from api import models
 from tuner.core.errors import NotFoundError
@@ -60,15 +70,16 @@ def by_reference(table: Named, *columns: Any) -> Select[Any]:
     row; ``IS NOT DISTINCT FROM`` so that a name first stored without a registrant stays
     with the rows stored without one)."""
     reference: BindParameter[str] = bindparam("ref")
-    owner = (
-        select(table.registered_by)
-        .where(table.name == reference)
-        .order_by(table.id)
-        .limit(1)
-        .scalar_subquery()
-    )
+    owner = _first_registrant(table, table.name == reference)
     owned = and_(table.name == reference, table.registered_by.is_not_distinct_from(owner))
     return select(*columns).where(or_(table.key == reference, owned)).order_by(table.id)
+
+
+def _first_registrant(table: Named, condition: ColumnElement[bool]) -> ScalarSelect[Any]:
+    """The registrant of the first row (lowest id) that meets ``condition``: the owner."""
+    return (
+        select(table.registered_by).where(condition).order_by(table.id).limit(1).scalar_subquery()
+    )
 
 
 def family_statement(*columns: Any) -> Select[Any]:
@@ -77,13 +88,7 @@ def family_statement(*columns: Any) -> Select[Any]:
     owner's (another token's workload of the same shapes cannot join its estimates)."""
     family: BindParameter[str] = bindparam("family")
     table = models.Workload
-    owner = (
-        select(table.registered_by)
-        .where(table.length_family == family)
-        .order_by(table.id)
-        .limit(1)
-        .scalar_subquery()
-    )
+    owner = _first_registrant(table, table.length_family == family)
     return select(*columns).where(
         table.length_family == family, table.registered_by.is_not_distinct_from(owner)
     )
