@@ -6,10 +6,15 @@
 2. Memory limits are chosen so that ``M*`` takes target values from 1 to over 1000.
    For each, every strategy and baseline runs for real against that limit: probes,
    training steps, wall time, and the size found against the truth.
-3. ``model``, ``model-previous`` (the model search under its previous rules) and
-   ``bisect`` are replayed on the recorded curves for every budget between two
-   consecutive sizes, to show that ``model`` is exact every time, and how many probes
-   it takes, against its previous rules.
+3. Every size is also predicted by a dry run on fake tensors (``tuner.engine.dry_run``),
+   and the predictions are compared with the measured curve, size by size.
+4. ``model`` (aimed by the dry run), ``model-no-dry-run`` (the same rules without it),
+   ``model-previous`` (the model search under its previous rules) and ``bisect`` are
+   replayed on the recorded curves for every budget between two consecutive sizes, to
+   show that each is exact every time and how many probes it takes. ``model`` is also
+   replayed with predictions made wrong on purpose, as a GPU's would be (its allocator's
+   cache and rounding, kernel workspaces): every prediction 3% low, 3% high, or short by a
+   constant of 5% of the budget.
 
 Besides the examples, two workloads that only this benchmark uses (``bench/workloads.py``):
 a GRU sequence model and a small vision transformer.
@@ -41,8 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import machine_line, markdown_table, write_section
 from tuner.core.results import ProbeResult
 from tuner.engine.backends import CpuBackend
+from tuner.engine.dry_run import DryRun
 from tuner.engine.probe import Prober
-from tuner.engine.search import STRATEGIES, SearchOutcome
+from tuner.engine.search import STRATEGIES, PredictFn, SearchOutcome, model_search
 from tuner.engine.search.baselines import BASELINES, model_previous
 from tuner.engine.workload import load_workload
 
@@ -77,8 +83,25 @@ QUICK_CASES = [
     Case("mlp", "examples.mlp:workload", {"in_features": 32, "hidden": 64, "layers": 2}, 40, [30]),
     Case("gru", "bench.workloads:gru", {"seq_len": 4}, 8, [5]),
 ]
-# Searches told the budget: ours, under the current and the previous rules.
-AIMED: dict[str, Callable[..., SearchOutcome]] = {**STRATEGIES, "model-previous": model_previous}
+
+
+def model_without_dry_run(
+    probe: Callable[[int], ProbeResult], *, cap: int, budget_bytes: int
+) -> SearchOutcome:
+    return model_search(probe, cap=cap, budget_bytes=budget_bytes)
+
+
+# Searches told the budget: ours, under the current and the previous rules. Only ``model``
+# takes predictions (a real run gives it a dry run, a replay the dry run's curve).
+AIMED: dict[str, Callable[..., SearchOutcome]] = {
+    **STRATEGIES,
+    "model-no-dry-run": model_without_dry_run,
+    "model-previous": model_previous,
+}
+PREDICTED = {"model"}
+# Predictions made wrong on purpose, as a GPU's are: (label, factor, constant as a share
+# of the budget) applied to every predicted peak.
+DISTORTIONS = [("3% low", 0.97, 0.0), ("3% high", 1.03, 0.0), ("5% of budget short", 1.0, -0.05)]
 
 Search = Callable[..., SearchOutcome]
 
@@ -107,6 +130,59 @@ def scan_curve(case: Case, saved: Path | None = None) -> dict[int, ProbeResult]:
     return curve
 
 
+def scan_predictions(case: Case, saved: Path | None = None) -> dict[int, ProbeResult]:
+    """The dry run's prediction of every size from 1 to ``scan_to`` (kept as
+    ``<label>.dry.json`` in ``saved`` like the measured curve)."""
+    path = None if saved is None else saved / f"{case.label}.dry.json"
+    if path is not None and path.exists():
+        stored = {
+            int(m): ProbeResult.model_validate(r) for m, r in json.loads(path.read_text()).items()
+        }
+        if all(m in stored for m in range(1, case.scan_to + 1)):
+            return {m: stored[m] for m in range(1, case.scan_to + 1)}
+    backend = CpuBackend(2**40)
+    curve: dict[int, ProbeResult] = {}
+    with DryRun(load_workload(case.target, case.options), backend, headroom=HEADROOM) as dry:
+        for m in range(1, case.scan_to + 1):
+            predicted = dry(m)
+            if predicted is None:
+                raise RuntimeError(f"{case.label}: the dry run could not predict size {m}")
+            curve[m] = predicted
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({m: r.model_dump(mode="json") for m, r in curve.items()}))
+    return curve
+
+
+def same_peaks(predicted: ProbeResult, measured: ProbeResult) -> bool:
+    return (
+        predicted.phase_peaks_bytes == measured.phase_peaks_bytes
+        and predicted.peak_reserved_bytes == measured.peak_reserved_bytes
+    )
+
+
+def distorted(
+    predictions: dict[int, ProbeResult], factor: float, constant: int
+) -> dict[int, ProbeResult]:
+    """Every predicted peak times ``factor`` plus ``constant`` bytes."""
+
+    def moved(peak: int) -> int:
+        return max(1, int(peak * factor) + constant)
+
+    out = {}
+    for m, r in predictions.items():
+        assert r.peak_allocated_bytes is not None
+        assert r.peak_reserved_bytes is not None
+        out[m] = r.model_copy(
+            update={
+                "peak_allocated_bytes": moved(r.peak_allocated_bytes),
+                "peak_reserved_bytes": moved(r.peak_reserved_bytes),
+                "phase_peaks_bytes": {k: moved(v) for k, v in r.phase_peaks_bytes.items()},
+            }
+        )
+    return out
+
+
 def footprint(result: ProbeResult) -> int:
     assert result.footprint_bytes is not None
     return result.footprint_bytes
@@ -125,10 +201,16 @@ def limit_for(curve: dict[int, ProbeResult], target: int) -> int:
 def run_real(case: Case, limit: int, name: str, search: Search) -> tuple[SearchOutcome, float]:
     backend = CpuBackend(limit)
     started = time.perf_counter()
-    with Prober(load_workload(case.target, case.options), backend, headroom=HEADROOM) as prober:
+    workload = load_workload(case.target, case.options)
+    with (
+        Prober(workload, backend, headroom=HEADROOM) as prober,
+        DryRun(workload, backend, headroom=HEADROOM) as dry,
+    ):
         kwargs: dict[str, object] = {"cap": SIZE_CAP}
         if name in AIMED:
             kwargs["budget_bytes"] = prober.budget_bytes
+        if name in PREDICTED:
+            kwargs["predict"] = dry
         outcome = search(prober, **kwargs)
     return outcome, time.perf_counter() - started
 
@@ -141,8 +223,14 @@ def verdict(found: int, true_size: int) -> str:
     return f"{found - true_size} ABOVE: would run out of memory"
 
 
-def replay(curve: dict[int, ProbeResult], name: str) -> tuple[int, int, list[int]]:
-    """Run ``name`` on the recorded curve for every budget between consecutive sizes."""
+def replay(
+    curve: dict[int, ProbeResult],
+    name: str,
+    predictions: dict[int, ProbeResult] | None = None,
+    distortion: tuple[float, float] | None = None,
+) -> tuple[int, int, list[int]]:
+    """Run ``name`` on the recorded curve for every budget between consecutive sizes, with
+    ``predictions`` (for ``model``), distorted by ``(factor, constant share of budget)``."""
     sizes = sorted(curve)
     exact = total = 0
     probes: list[int] = []
@@ -158,7 +246,13 @@ def replay(curve: dict[int, ProbeResult], name: str) -> tuple[int, int, list[int
                 return ProbeResult(micro_batch_size=m, fits=False, oom=True)
             return measured.model_copy(update={"fits": footprint(measured) <= budget})
 
-        outcome = AIMED[name](probe, cap=sizes[-1], budget_bytes=budget)
+        kwargs: dict[str, object] = {}
+        if name in PREDICTED and predictions is not None:
+            factor, share = distortion or (1.0, 0.0)
+            seen = distorted(predictions, factor, int(share * budget))
+            predict: PredictFn = seen.get
+            kwargs["predict"] = predict
+        outcome = AIMED[name](probe, cap=sizes[-1], budget_bytes=budget, **kwargs)
         total += 1
         exact += outcome.max_micro_batch_size == truth(curve, budget)
         probes.append(len(outcome.probes))
@@ -172,6 +266,7 @@ class CaseResult:
     rows: list[list[str]]
     runs: dict[str, list[tuple[int, int, float, bool]]]
     replay_rows: list[list[str]]
+    prediction_row: list[str] = dataclasses.field(default_factory=list)
 
 
 def measure_case(
@@ -183,13 +278,26 @@ def measure_case(
         f"{case.label}: scanned sizes 1..{case.scan_to} in {time.perf_counter() - started:.0f} s",
         flush=True,
     )
+    started = time.perf_counter()
+    predictions = scan_predictions(case, curves)
+    scan_s = time.perf_counter() - started
+    equal = sum(same_peaks(predictions[m], curve[m]) for m in curve)
+    print(f"{case.label}: predicted sizes 1..{case.scan_to} in {scan_s:.0f} s", flush=True)
     result = CaseResult([], {name: [] for name in searches}, [])
-    for name in ("model", "model-previous", "bisect"):
-        exact, total, probes = replay(curve, name)
+    result.prediction_row = [case.label, f"{equal}/{len(curve)}", f"{scan_s / len(curve):.3f}"]
+    replays: list[tuple[str, str, tuple[float, float] | None]] = [
+        ("model", "model", None),
+        *((f"model, predictions {label}", "model", (f, c)) for label, f, c in DISTORTIONS),
+        ("model-no-dry-run", "model-no-dry-run", None),
+        ("model-previous", "model-previous", None),
+        ("bisect", "bisect", None),
+    ]
+    for label, name, distortion in replays:
+        exact, total, probes = replay(curve, name, predictions, distortion)
         result.replay_rows.append(
             [
                 case.label,
-                name,
+                label,
                 f"{exact}/{total}",
                 f"{statistics.median(probes):g}",
                 str(max(probes)),
@@ -234,7 +342,7 @@ def case_result(
     if path is not None and path.exists():
         kept = json.loads(path.read_text())
         runs = {name: [tuple(run) for run in r] for name, r in kept["runs"].items()}
-        return CaseResult(kept["rows"], runs, kept["replay_rows"])
+        return CaseResult(kept["rows"], runs, kept["replay_rows"], kept["prediction_row"])
     if not real:
         return measure_case(case, searches, curves, real=False)
     result = measure_case(case, searches, curves)
@@ -279,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[list[str]] = []
     per_strategy: dict[str, list[tuple[int, int, float, bool]]] = {name: [] for name in searches}
     replay_rows: list[list[str]] = []
+    prediction_rows: list[list[str]] = []
     per_workload: dict[tuple[str, str], list[int]] = {}
     for case in cases:
         result = case_result(
@@ -290,12 +399,26 @@ def main(argv: list[str] | None = None) -> int:
         )
         rows += result.rows
         replay_rows += result.replay_rows
+        prediction_rows.append(result.prediction_row)
         for name, runs in result.runs.items():
             per_strategy[name] += runs
             if runs:
                 per_workload[(case.label, name)] = [run[0] for run in runs]
     measured = sorted({label for label, _ in per_workload})
 
+    if not measured:  # replays only: there are no real runs to sum up
+        print(
+            markdown_table(
+                ["workload", "sizes predicted to the byte", "dry-run s per size"], prediction_rows
+            )
+        )
+        print(
+            markdown_table(
+                ["workload", "strategy", "exact", "median probes", "max probes", "mean probes"],
+                replay_rows,
+            )
+        )
+        return 0
     summary = []
     for name, runs in per_strategy.items():
         summary.append(
@@ -308,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
     model_median = statistics.median(r[0] for r in per_strategy["model"])
+    undry_median = statistics.median(r[0] for r in per_strategy["model-no-dry-run"])
     previous_median = statistics.median(r[0] for r in per_strategy["model-previous"])
     bisect_median = statistics.median(r[0] for r in per_strategy["bisect"])
     workload_rows = [
@@ -326,8 +450,14 @@ def main(argv: list[str] | None = None) -> int:
                 ["strategy", "exact M*", "median probes", "median steps", "total wall s"], summary
             ),
             f"`model` used a median of {model_median:g} probes against {bisect_median:g} for "
-            f"`bisect` ({model_median / bisect_median:.0%}) and {previous_median:g} under its "
-            "previous rules (`model-previous`).",
+            f"`bisect` ({model_median / bisect_median:.0%}), {undry_median:g} without the dry "
+            f"run (`model-no-dry-run`) and {previous_median:g} under its previous rules "
+            "(`model-previous`). The wall time of `model` includes its dry run.",
+            "### The dry run's predictions against the measured curve",
+            markdown_table(
+                ["workload", "sizes predicted to the byte", "dry-run s per size"],
+                prediction_rows,
+            ),
             "### Probes per workload and strategy over its limits",
             markdown_table(["workload", "strategy", "median probes", "max probes"], workload_rows),
             "### Each limit (truth from probing every size)",

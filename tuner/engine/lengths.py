@@ -52,7 +52,7 @@ from tuner.engine.profiler import (
     ProbeObserver,
     profile_workload,
 )
-from tuner.engine.search import ProbeFn, SearchOutcome, hinted_search, run_search
+from tuner.engine.search import PredictFn, ProbeFn, SearchOutcome, hinted_search, run_search
 from tuner.engine.workload import Workload, load_workload
 
 LengthObserver = Callable[[int], AbstractContextManager[ProbeObserver | None]]
@@ -174,18 +174,22 @@ def search_length(
     seq_len: int,
     strategy: str = "model",
     report: Callable[[str], None] | None = None,
+    predict: PredictFn | None = None,
 ) -> SearchOutcome:
     """The search of one length after ``earlier`` ones (profiles carrying their seq_len):
     aimed by them (model strategy), then one more probe when the fit across the lengths
-    needs it (the module's docstring says when and which)."""
+    needs it (the module's docstring says when and which). ``predict`` (a dry run of this
+    length) aims the first length and every aim after a guess."""
     say = report or (lambda _: None)
     if strategy == "model" and earlier:
         guess, basis = _guess(earlier, seq_len)
         if basis:
             say(f"seq_len {seq_len}: aimed from one length: {basis}")
-        outcome = hinted_search(probe, cap=cap, budget_bytes=budget_bytes, guess=guess)
+        outcome = hinted_search(
+            probe, cap=cap, budget_bytes=budget_bytes, guess=guess, predict=predict
+        )
     else:
-        outcome = run_search(strategy, probe, cap=cap, budget_bytes=budget_bytes)
+        outcome = run_search(strategy, probe, cap=cap, budget_bytes=budget_bytes, predict=predict)
     before = _fit_points(earlier)
     found = outcome.max_micro_batch_size
     if found < 1 or not before or _separable([*before, *_points(outcome, seq_len)]):

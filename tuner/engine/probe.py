@@ -79,7 +79,7 @@ class Prober:
         self.rank = rank
         self.parallel = workload.parallel
         self.budget_bytes = int((1 - headroom) * backend.capacity_bytes)
-        self.model = workload.model.to(backend.device)
+        self.model = _on_device(workload.model, backend.device)
         # What the step calls: the DDP wrapper, or the model sharded in place; wrapped
         # before the optimizer is built, so that FSDP's optimizer holds the shards.
         with backend.observe():
@@ -310,6 +310,18 @@ class Prober:
             ),
             peak_phase=peak_phase(measure.parts),
         )
+
+
+def _on_device(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` moved to ``device``, or left alone when all of it is there already (a
+    fake copy for a dry run cannot be moved: its tensors are subclasses that ``to`` swaps)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if all(
+        t.device == device or (t.device.type == device.type and device.index is None)
+        for t in tensors
+    ):
+        return model
+    return model.to(device)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from tuner.core.results import (
 )
 from tuner.core.units import format_bytes
 from tuner.engine.backends import Backend, storage_bytes
+from tuner.engine.dry_run import DryRun
 from tuner.engine.fingerprint import device_key, workload_key
 from tuner.engine.parallel import check_parallel
 from tuner.engine.probe import Prober
@@ -106,6 +107,7 @@ def profile_workload(
     with (
         backend.session(),
         Prober(workload, backend, headroom=headroom, settings=settings, locate=True) as prober,
+        DryRun(workload, backend, headroom=headroom) as dry_run,
     ):
         keys = (workload_key(workload, prober.optimizer), device_key(backend))
 
@@ -117,11 +119,18 @@ def profile_workload(
                 observer.probe_finished(result)
             return result
 
+        predict = dry_run if dry_run.available else None
         if search is not None:
-            outcome = search(observed_probe, cap=size_cap, budget_bytes=prober.budget_bytes)
+            outcome = search(
+                observed_probe, cap=size_cap, budget_bytes=prober.budget_bytes, predict=predict
+            )
         else:
             outcome = run_search(
-                strategy, observed_probe, cap=size_cap, budget_bytes=prober.budget_bytes
+                strategy,
+                observed_probe,
+                cap=size_cap,
+                budget_bytes=prober.budget_bytes,
+                predict=predict,
             )
         oversize = None
         if outcome.max_micro_batch_size == 0 and outcome.probes[0].oom and backend.kind == "cpu":

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from tuner.core.results import DeviceInfo
@@ -127,7 +128,9 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     for tensor in tensors:
         for plain in plain_tensors(tensor):
             storage = plain.untyped_storage()
-            seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+            # A fake tensor's storage has no address (a dry run's, tuner.engine.dry_run).
+            address = 0 if isinstance(plain, FakeTensor) else storage.data_ptr()
+            seen[address or id(storage)] = storage.nbytes()
     return sum(seen.values())
 
 

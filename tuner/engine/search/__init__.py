@@ -7,18 +7,19 @@ workload whose memory grows with the batch they return the same exact ``M*``.
 
 from __future__ import annotations
 
-from tuner.engine.search.core import ProbeFn, SearchOutcome, SearchRecorder
-from tuner.engine.search.hinted import hinted_search
+from tuner.engine.search.core import PredictFn, ProbeFn, SearchOutcome, SearchRecorder
 from tuner.engine.search.strategies import (
     STRATEGIES,
     Strategy,
     bisect_search,
+    hinted_search,
     model_search,
     run_search,
 )
 
 __all__ = [
     "STRATEGIES",
+    "PredictFn",
     "ProbeFn",
     "SearchOutcome",
     "SearchRecorder",

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from tuner.core.results import ProbeResult
 
 ProbeFn = Callable[[int], ProbeResult]
+# A predicted probe of a size (a dry run, tuner.engine.dry_run), or None where none can be made.
+PredictFn = Callable[[int], ProbeResult | None]
 
 
 @dataclass(frozen=True)

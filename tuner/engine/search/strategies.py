@@ -1,4 +1,6 @@
-"""Our two strategies: ``bisect`` (double, then bisect) and ``model`` (aim with an affine fit)."""
+"""Our two strategies: ``bisect`` (double, then bisect) and ``model`` (aim with a dry run's
+predictions where there are some, else with an affine fit), and the search from a guess
+that ``model`` and ``--seq-lens`` share."""
 
 from __future__ import annotations
 
@@ -6,12 +8,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.core.errors import BadInputError
-from tuner.engine.search.core import ProbeFn, SearchOutcome, SearchRecorder
+from tuner.core.results import ProbeResult
+from tuner.engine.search.core import PredictFn, ProbeFn, SearchOutcome, SearchRecorder
 
 
-def bisect_search(probe: ProbeFn, *, cap: int, budget_bytes: int) -> SearchOutcome:
+def bisect_search(
+    probe: ProbeFn, *, cap: int, budget_bytes: int, predict: PredictFn | None = None
+) -> SearchOutcome:
     """Double from 1 until a probe fails (or the cap fits), then bisect the bracket."""
-    del budget_bytes  # bisection needs only the verdicts
+    del budget_bytes, predict  # bisection needs only the verdicts
     search = SearchRecorder(probe, cap)
     size = 1
     while search.run(size).fits and size < cap:
@@ -38,8 +43,18 @@ class ModelRules:
 PREVIOUS_RULES = ModelRules(anchor_past_size_one=False, judge_open_aims_by_growth=False)
 
 
-def model_search(probe: ProbeFn, *, cap: int, budget_bytes: int) -> SearchOutcome:
+def model_search(
+    probe: ProbeFn, *, cap: int, budget_bytes: int, predict: PredictFn | None = None
+) -> SearchOutcome:
     """Aim at the predicted ``M*`` and confirm the boundary with probes.
+
+    With ``predict`` (a dry run's predicted probes, :mod:`tuner.engine.dry_run`), the search
+    first finds the ``M*`` of the predictions (these rules, run on predicted probes, which
+    cost no device memory) and starts there (:func:`hinted_search`): where the predictions
+    are exact, ``M*`` fits and ``M* + 1`` does not, two probes. Every later aim takes the
+    predictions moved to agree with the probe at ``lo`` (their difference there, the
+    allocator's rounding and cache on a GPU, say, held constant), and the largest size they
+    say fits (:func:`_predicted_aim`). Without predictions:
 
     Peak memory is close to affine in the micro batch size, ``peak(m) ≈ a + b·m``, so
     ``M* ≈ ⌊(budget − a) / b⌋``. A step has two phases whose peaks grow differently: the
@@ -63,7 +78,47 @@ def model_search(probe: ProbeFn, *, cap: int, budget_bytes: int) -> SearchOutcom
     failed to double ``lo`` (then it doubles). The search ends when ``M*`` fits and
     ``M* + 1`` does not.
     """
+    if predict is not None:
+        guess = _predicted_size(predict, cap=cap, budget_bytes=budget_bytes)
+        if guess is not None:
+            return hinted_search(
+                probe, cap=cap, budget_bytes=budget_bytes, guess=guess, predict=predict
+            )
     return search_with_model(probe, cap=cap, budget_bytes=budget_bytes, rules=ModelRules())
+
+
+def hinted_search(
+    probe: ProbeFn,
+    *,
+    cap: int,
+    budget_bytes: int,
+    guess: int,
+    predict: PredictFn | None = None,
+) -> SearchOutcome:
+    """Start from a predicted ``M*`` ``guess`` (clamped into ``[1, cap]``): probe it, then
+    its neighbour towards the boundary. A right guess ``g`` takes two probes: ``g`` fits and
+    ``g + 1`` does not, or ``g`` does not and ``g − 1`` fits. Otherwise the bracket those
+    probes left is handed to the model search's rules (:func:`continue_with_model`, aimed by
+    ``predict`` where given), so the answer is as exact as the model search's.
+
+    A guess more than one too high leaves no fitting size to aim from: sizes are halved
+    from the smallest failure until one fits (the model's aim is good from a size near
+    the boundary, where activations dominate), then the model search goes on from there.
+    """
+    search = SearchRecorder(probe, cap)
+    size = min(max(guess, 1), cap)
+    if predict is not None:
+        # The predictions say where to go next from whatever the guess measured.
+        search.run(size)
+        return continue_with_model(search, budget_bytes=budget_bytes, predict=predict)
+    if search.run(size).fits:
+        if size < cap:
+            search.run(size + 1)
+    elif size > 1:
+        search.run(size - 1)
+    while search.lo == 0 and not search.settled:
+        search.run(search.hi // 2)
+    return continue_with_model(search, budget_bytes=budget_bytes)
 
 
 def search_with_model(
@@ -77,19 +132,28 @@ def search_with_model(
 
 
 def continue_with_model(
-    search: SearchRecorder, *, budget_bytes: int, rules: ModelRules | None = None
+    search: SearchRecorder,
+    *,
+    budget_bytes: int,
+    rules: ModelRules | None = None,
+    predict: PredictFn | None = None,
 ) -> SearchOutcome:
-    """The model search's rules from the bracket ``search`` holds, until it settles.
+    """The model search's rules from the bracket ``search`` holds, until it settles; aims
+    from ``predict``'s predictions where they can be made (:func:`_predicted_aim`).
 
-    ``search`` must hold a size that fits (``lo ≥ 1``): every aim starts from it.
+    ``search`` must hold a size that fits (``lo ≥ 1``), every aim without predictions
+    starts from it; with predictions, a failure is enough (until one fits, a size the
+    predictions cannot aim at is halved).
     """
-    if search.lo < 1 and not search.settled:
+    if search.lo < 1 and not search.settled and predict is None:
         raise ValueError("the model search continues from a size that fits")
     rules = rules or ModelRules()
     slow_aims = 0
     while not search.settled:
         lo, width, was_open = search.lo, search.hi - search.lo, search.hi > search.cap
-        aim = _aim(search, budget_bytes, rules)
+        aim = None if predict is None else _predicted_aim(search, budget_bytes, predict)
+        if aim is None and lo >= 1:
+            aim = _aim(search, budget_bytes, rules)
         if aim is None or slow_aims >= 2:
             aim, slow_aims = _fallback(search), 0
         search.run(aim)
@@ -99,6 +163,82 @@ def continue_with_model(
             slow = 2 * (search.hi - search.lo) > width
         slow_aims = slow_aims + 1 if slow else 0
     return search.outcome()
+
+
+class _NoPrediction(Exception):
+    """A dry run could not predict a size: the search aims from probes alone."""
+
+
+def _predicted(predict: PredictFn, size: int, budget_bytes: int) -> ProbeResult:
+    """``predict(size)``, its verdict taken against ``budget_bytes``."""
+    result = predict(size)
+    if result is None or result.footprint_bytes is None:
+        raise _NoPrediction
+    return result.model_copy(update={"fits": result.footprint_bytes <= budget_bytes})
+
+
+def _predicted_size(predict: PredictFn, *, cap: int, budget_bytes: int) -> int | None:
+    """``M*`` of the predictions (the model rules run on them), ``None`` without them."""
+    try:
+        return search_with_model(
+            lambda size: _predicted(predict, size, budget_bytes),
+            cap=cap,
+            budget_bytes=budget_bytes,
+            rules=ModelRules(),
+        ).max_micro_batch_size
+    except _NoPrediction:
+        return None
+
+
+def _predicted_aim(search: SearchRecorder, budget_bytes: int, predict: PredictFn) -> int | None:
+    """The largest size in ``(lo, hi)`` that the predictions, calibrated on the probes
+    that ran, say fits; ``lo + 1`` where they put ``M*`` at ``lo`` itself.
+
+    Calibration: ``footprint ≈ α · predicted + β``. Through two measured footprints (``lo``
+    and the measured probe nearest it, ``hi`` first) it corrects a constant error (a
+    kernel's workspace) and one in proportion (the allocator's rounding and cache) alike;
+    from one, ``β = 0`` (a proportional error: of the two, the assumption that errs low, so
+    the next probe fits and makes the second point). Then ``M*`` is the predictions' ``M*``
+    for the budget ``(budget − β) / α``, found by the model rules on predicted probes below
+    ``hi``. ``None`` without a measured footprint to calibrate on, or predictions."""
+    lo, hi = search.lo, search.hi
+    measured = sorted(
+        (size for size, r in search.by_size.items() if r.footprint_bytes is not None),
+        key=lambda size: (size != lo, size != hi, abs(size - lo)),
+    )
+    if not measured:
+        return None
+    try:
+        points = [
+            (
+                _predicted(predict, size, budget_bytes).footprint_bytes,
+                search.by_size[size].footprint_bytes,
+            )
+            for size in measured[:2]
+        ]
+        scale, offset = _calibration(points)  # type: ignore[arg-type]
+        target = int((budget_bytes - offset) / scale)
+        found = search_with_model(
+            lambda size: _predicted(predict, size, target),
+            cap=hi - 1,
+            budget_bytes=target,
+            rules=ModelRules(),
+        ).max_micro_batch_size
+    except _NoPrediction:
+        return None
+    return min(max(found, lo + 1), hi - 1)
+
+
+def _calibration(points: list[tuple[int, int]]) -> tuple[float, float]:
+    """``(α, β)`` with ``measured ≈ α · predicted + β`` through one or two points
+    ``(predicted, measured)``; one point (or two that do not fix a rising line): ``β = 0``."""
+    (p0, m0), *rest = points
+    if rest:
+        p1, m1 = rest[0]
+        if p1 != p0 and (m1 - m0) / (p1 - p0) > 0:
+            scale = (m1 - m0) / (p1 - p0)
+            return scale, m0 - scale * p0
+    return m0 / p0, 0.0
 
 
 def _fallback(search: SearchRecorder) -> int:
@@ -194,11 +334,18 @@ Strategy = Callable[..., SearchOutcome]
 STRATEGIES: dict[str, Strategy] = {"model": model_search, "bisect": bisect_search}
 
 
-def run_search(strategy: str, probe: ProbeFn, *, cap: int, budget_bytes: int) -> SearchOutcome:
+def run_search(
+    strategy: str,
+    probe: ProbeFn,
+    *,
+    cap: int,
+    budget_bytes: int,
+    predict: PredictFn | None = None,
+) -> SearchOutcome:
     try:
         chosen = STRATEGIES[strategy]
     except KeyError:
         raise BadInputError(
             f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}"
         ) from None
-    return chosen(probe, cap=cap, budget_bytes=budget_bytes)
+    return chosen(probe, cap=cap, budget_bytes=budget_bytes, predict=predict)

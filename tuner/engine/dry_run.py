@@ -1,0 +1,185 @@
+"""Predicted probes: the workload's training step run on fake tensors, which hold no memory.
+
+A fake tensor (``torch._subclasses.fake_tensor``) has a shape, a dtype, a device and a
+storage of the right size, and every operator computes only those: no data, no memory,
+no kernel. The probe's own step (:class:`tuner.engine.probe.Prober`: warm-up, two micro
+batches, the optimizer step, autocast) runs on a fake copy of the model and optimizer
+under the CPU backend's tracker, which counts the bytes each storage would hold. On the
+CPU the tracker counts the same storages a real probe does, so a prediction is the real
+probe's peaks to the byte (``bench/search.py`` checks every size it scans); on a GPU the
+caching allocator's rounding, its cache and kernel workspaces are not in it, and the
+search corrects for them from the probes that ran (:mod:`tuner.engine.search.strategies`).
+
+A dry run costs about one small real step per size and no device memory. It is used only
+to aim the search; nothing it predicts is stored. Where the step cannot run on fake tensors
+(a ``.item()`` in the loss, a data-dependent shape, a custom operator with no fake
+implementation) or the workload trains across ranks, there is no prediction and the search
+aims from probes alone, as before.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from tuner.core.results import DeviceInfo, ProbeResult, ProbeSettings
+from tuner.engine.backends import Backend, CpuBackend, PeakReading
+from tuner.engine.batching import Batch, map_tensors
+from tuner.engine.probe import Prober
+from tuner.engine.workload import Workload
+
+log = logging.getLogger(__name__)
+
+
+class FakeBackend(CpuBackend):
+    """The CPU tracker over fake tensors on ``real``'s device, measured whole (no limit)."""
+
+    # A fake step's time means nothing: no timed step is run after the measured one.
+    tracking_slows_steps = False
+
+    def __init__(self, real: Backend, mode: FakeTensorMode) -> None:
+        super().__init__(real.capacity_bytes)
+        self.device = real.device
+        self.real = real
+        self.mode = mode
+
+    def describe(self) -> DeviceInfo:
+        return self.real.describe()
+
+    def key_fields(self) -> dict[str, object]:
+        return self.real.key_fields()
+
+    def non_torch_bytes(self) -> int:
+        return self.real.non_torch_bytes()
+
+    @contextmanager
+    def track(
+        self,
+        resident: Iterable[torch.Tensor],
+        *,
+        enforce_capacity: bool = True,
+        stop_at: float = 1.0,
+    ) -> Iterator[PeakReading]:
+        del enforce_capacity  # a prediction past the limit is still a prediction
+        with self.mode, super().track(resident, enforce_capacity=False) as reading:
+            yield reading
+
+
+class _DryProber(Prober):
+    """A prober for fake tensors: fp16's loss scaler is left out (it reads whether the
+    gradients are finite with ``.item()``, which fake tensors have no value for; its own
+    memory is a few scalars)."""
+
+    def _new_scaler(self) -> torch.amp.GradScaler | None:
+        return None
+
+
+class DryRun:
+    """``dry_run(m)``: the predicted probe of micro batch ``m`` (memoised), or ``None``
+    when the step cannot run on fake tensors. Use as a context manager."""
+
+    def __init__(self, workload: Workload, backend: Backend, *, headroom: float) -> None:
+        self._mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self._predictions: dict[int, ProbeResult | None] = {}
+        self._prober: Prober | None = None
+        if workload.parallel.distributed:
+            return  # ranks hold shards and buckets that one process's step does not show
+        try:
+            replica = fake_replica(workload, self._mode)
+            # One warm-up step creates the optimizer's state, which is all a warm-up adds to
+            # the peak on one process; the real probe's second warm-up changes nothing here.
+            settings = ProbeSettings(warmup_steps=1, measure_steps=1)
+            self._prober = _DryProber(
+                replica, FakeBackend(backend, self._mode), headroom=headroom, settings=settings
+            )
+        except Exception as exc:  # any user code may refuse fake tensors: then no prediction
+            log.info("no dry run of %s: %s", workload.name, _first_line(exc))
+
+    def __enter__(self) -> DryRun:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._prober is not None:
+            self._prober.__exit__(*exc_info)
+            self._prober = None
+
+    @property
+    def available(self) -> bool:
+        return self._prober is not None
+
+    def __call__(self, micro_batch_size: int) -> ProbeResult | None:
+        if micro_batch_size in self._predictions:
+            return self._predictions[micro_batch_size]
+        prediction = None
+        if self._prober is not None:
+            try:
+                prediction = self._prober(micro_batch_size)
+            except Exception as exc:
+                log.info("dry run stopped at %d: %s", micro_batch_size, _first_line(exc))
+                self.__exit__(None, None, None)
+        self._predictions[micro_batch_size] = prediction
+        return prediction
+
+
+def fake_replica(workload: Workload, mode: FakeTensorMode) -> Workload:
+    """``workload`` over a fake copy of its model: parameters and buffers become fake
+    tensors of the same shape, dtype and device (the copy of the modules shares nothing
+    with the user's), the optimizer is rebuilt over them, and batches are made fake."""
+    fakes: dict[int, torch.Tensor] = {}
+    for tensor in [*workload.model.parameters(), *workload.model.buffers()]:
+        fake = mode.from_tensor(tensor)
+        if isinstance(tensor, nn.Parameter):
+            fake = nn.Parameter(fake, requires_grad=tensor.requires_grad)
+        fakes[id(tensor)] = fake
+    # deepcopy's memo maps each real tensor to its fake: no real tensor is copied.
+    model = copy.deepcopy(workload.model, dict(fakes))
+    return dataclasses.replace(
+        workload,
+        model=model,
+        optimizer=_replica_optimizer(workload.optimizer, fakes),
+        make_batch=_fake_batches(workload.make_batch, mode),
+    )
+
+
+def _replica_optimizer(
+    optimizer: torch.optim.Optimizer | Callable[..., torch.optim.Optimizer],
+    fakes: dict[int, torch.Tensor],
+) -> Callable[..., torch.optim.Optimizer]:
+    """A factory: the user's own, or one that builds the user's optimizer class with its
+    groups and options over the fake parameters."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer
+    groups = [
+        {
+            **{k: v for k, v in group.items() if k != "params"},
+            "params": [fakes[id(p)] for p in group["params"]],
+        }
+        for group in optimizer.param_groups
+    ]
+    cls = type(optimizer)
+    # Every group carries all its options; the constructor's own arguments are passed too
+    # for one that requires some (``defaults`` may hold more keys than it takes).
+    accepted = inspect.signature(cls.__init__).parameters
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    return lambda _parameters: cls(groups, **defaults)
+
+
+def _fake_batches(make_batch: Callable[..., Batch], mode: FakeTensorMode) -> Callable[..., Batch]:
+    def make(size: int, **kwargs: Any) -> Batch:
+        return map_tensors(make_batch(size, **kwargs), mode.from_tensor)
+
+    return make
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
