@@ -13,8 +13,8 @@ search corrects for them from the probes that ran (:mod:`tuner.engine.search.str
 A dry run costs about one small real step per size and no device memory. It is used only
 to aim the search; nothing it predicts is stored. Where the step cannot run on fake tensors
 (a ``.item()`` in the loss, a data-dependent shape, a custom operator with no fake
-implementation) or the workload trains across ranks, there is no prediction and the search
-aims from probes alone, as before.
+implementation), there is no prediction and the search aims from probes alone. Across
+ranks the coordinator predicts one process's step (:func:`dry_run_of_target`).
 """
 
 from __future__ import annotations
@@ -23,19 +23,20 @@ import copy
 import dataclasses
 import inspect
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from tuner.core.parallel import Parallel
 from tuner.core.results import DeviceInfo, ProbeResult, ProbeSettings
 from tuner.engine.backends import Backend, CpuBackend, PeakReading
 from tuner.engine.batching import Batch, map_tensors
 from tuner.engine.probe import Prober
-from tuner.engine.workload import Workload
+from tuner.engine.workload import Workload, load_workload
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,15 @@ class DryRun:
     """``dry_run(m)``: the predicted probe of micro batch ``m`` (memoised), or ``None``
     when the step cannot run on fake tensors. Use as a context manager."""
 
-    def __init__(self, workload: Workload, backend: Backend, *, headroom: float) -> None:
-        self._mode = FakeTensorMode(allow_non_fake_inputs=True)
+    def __init__(
+        self,
+        workload: Workload,
+        backend: Backend,
+        *,
+        headroom: float,
+        mode: FakeTensorMode | None = None,
+    ) -> None:
+        self._mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
         self._predictions: dict[int, ProbeResult | None] = {}
         self._prober: Prober | None = None
         if workload.parallel.distributed:
@@ -103,6 +111,13 @@ class DryRun:
             )
         except Exception as exc:  # any user code may refuse fake tensors: then no prediction
             log.info("no dry run of %s: %s", workload.name, _first_line(exc))
+
+    @classmethod
+    def unavailable(cls) -> DryRun:
+        """A dry run that predicts nothing."""
+        dry_run = cls.__new__(cls)
+        dry_run._predictions, dry_run._prober = {}, None
+        return dry_run
 
     def __enter__(self) -> DryRun:
         return self
@@ -130,13 +145,34 @@ class DryRun:
         return prediction
 
 
+def dry_run_of_target(
+    target: str, options: Mapping[str, Any], *, capacity_bytes: int, headroom: float
+) -> DryRun:
+    """For the coordinator of ranks (:mod:`tuner.engine.launch`), which holds no model: the
+    workload loaded on fake tensors (built under the fake mode, so that not even a factory
+    that puts its model on a GPU takes memory here), one process's step of it on the CPU.
+    A rank's peak differs from it by what the wrapper holds (DDP's buckets, FSDP's shards
+    and gathers, about constant in the batch) and by the device; the search calibrates the
+    predictions on the ranks' probes, as it does a GPU's."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with mode:
+            workload = load_workload(target, dict(options))
+        workload = dataclasses.replace(workload, parallel=Parallel(), shard=None)
+    except Exception as exc:
+        log.info("no dry run of %s: %s", target, _first_line(exc))
+        return DryRun.unavailable()
+    return DryRun(workload, CpuBackend(capacity_bytes), headroom=headroom, mode=mode)
+
+
 def fake_replica(workload: Workload, mode: FakeTensorMode) -> Workload:
     """``workload`` over a fake copy of its model: parameters and buffers become fake
     tensors of the same shape, dtype and device (the copy of the modules shares nothing
     with the user's), the optimizer is rebuilt over them, and batches are made fake."""
     fakes: dict[int, torch.Tensor] = {}
     for tensor in [*workload.model.parameters(), *workload.model.buffers()]:
-        fake = mode.from_tensor(tensor)
+        # A model built under ``mode`` (dry_run_of_target) is fake already.
+        fake = tensor if isinstance(tensor, FakeTensor) else mode.from_tensor(tensor)
         if isinstance(tensor, nn.Parameter):
             fake = nn.Parameter(fake, requires_grad=tensor.requires_grad)
         fakes[id(tensor)] = fake

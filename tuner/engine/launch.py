@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -36,6 +37,7 @@ from tuner.core.errors import BadInputError, RankFailedError, WorkloadError
 from tuner.core.parallel import Parallel
 from tuner.core.results import DeviceInfo, ProbeResult, ProbeSettings, Profile, WorkloadInfo
 from tuner.core.units import format_bytes
+from tuner.engine.dry_run import dry_run_of_target
 from tuner.engine.profiler import ProbeObserver, build_profile, validate_search_settings
 from tuner.engine.search import run_search
 
@@ -354,8 +356,21 @@ def profile_distributed(
             observer.probe_finished(result)
         return result
 
+    dry_run = dry_run_of_target(
+        target,
+        options or {},
+        capacity_bytes=math.ceil(ready.budget_bytes / (1 - headroom)),
+        headroom=headroom,
+    )
     try:
-        outcome = run_search(strategy, probe, cap=size_cap, budget_bytes=ready.budget_bytes)
+        with dry_run:
+            outcome = run_search(
+                strategy,
+                probe,
+                cap=size_cap,
+                budget_bytes=ready.budget_bytes,
+                predict=dry_run if dry_run.available else None,
+            )
     finally:
         group.stop()
     return build_profile(
