@@ -73,7 +73,8 @@ def test_the_dry_run_predicts_every_probe_to_the_byte() -> None:
                 assert predicted is not None, (family, size)
                 assert predicted.phase_peaks_bytes == measured.phase_peaks_bytes, (family, size)
                 assert predicted.peak_reserved_bytes == measured.peak_reserved_bytes
-                assert predicted.breakdown is not None and measured.breakdown is not None
+                assert predicted.breakdown is not None
+                assert measured.breakdown is not None
                 assert predicted.breakdown.resident_bytes == measured.breakdown.resident_bytes
 
 

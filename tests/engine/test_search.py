@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tests.curves import Curve, affine, affine_with_jump, flat_then_affine, steps, two_phases
 from tests.engine.limits import limit_with_m_star
 from tuner.core.errors import BadInputError
+from tuner.core.results import ProbeResult
 from tuner.engine.backends import CpuBackend
 from tuner.engine.probe import Prober
 from tuner.engine.search import (
@@ -294,3 +295,56 @@ def test_model_search_on_a_real_tiny_model_needs_few_probes() -> None:
     assert outcome.max_micro_batch_size == 400, sizes
     assert {400, 401} <= set(sizes)
     assert len(sizes) <= 5, sizes
+
+
+def distorted(curve: Curve, factor: float, constant: int) -> Callable[[int], ProbeResult]:
+    """Predictions of ``curve`` that are wrong by ``factor`` and ``constant`` (a GPU's
+    allocator cache, a kernel's workspace), with phases and breakdowns as the curve has."""
+
+    def wrong(peak: Callable[[int], int]) -> Callable[[int], int]:
+        return lambda m: max(1, int(peak(m) * factor) + constant)
+
+    phases = None if curve.phases is None else {n: wrong(f) for n, f in curve.phases.items()}
+    return Curve(wrong(curve.footprint), curve.budget, resident=curve.resident, phases=phases)
+
+
+@given(
+    case=curves(),
+    factor=st.floats(min_value=0.25, max_value=4.0),
+    share=st.floats(min_value=-0.5, max_value=0.5),
+    missing_from=st.none() | st.integers(min_value=1, max_value=4096),
+)
+def test_model_search_with_predictions_is_exact_whatever_they_predict(
+    case: tuple[Curve, int], factor: float, share: float, missing_from: int | None
+) -> None:
+    """Predictions only aim: wrong ones (by any factor and constant), or ones that stop at
+    some size (a step fake tensors cannot run there), cost probes, never exactness."""
+    curve, cap = case
+    predictions = distorted(curve, factor, int(share * curve.budget))
+
+    def predict(m: int) -> ProbeResult | None:
+        return None if missing_from is not None and m >= missing_from else predictions(m)
+
+    with time_limit(10):
+        outcome = model_search(curve, cap=cap, budget_bytes=curve.budget, predict=predict)
+    assert_exact(outcome, curve, cap)
+
+
+@pytest.mark.parametrize(
+    ("factor", "share", "most"),
+    [(1.0, 0.0, 2), (0.97, 0.0, 4), (1.03, 0.0, 4), (1.0, -0.05, 4), (1.0, 0.05, 4)],
+)
+@pytest.mark.parametrize("m_star", [3, 40, 700])
+def test_model_search_with_predictions_takes_two_probes_when_exact_and_few_when_not(
+    factor: float, share: float, most: int, m_star: int
+) -> None:
+    """Exact predictions: M* and M* + 1. Off by 3% or by 5% of the budget: the probes
+    calibrate them (two measured footprints fix both errors), at most four."""
+    footprint, phases = two_phases(affine(300 * MiB, 2 * MiB), affine(310 * MiB, 1000))
+    budget = (footprint(m_star) + footprint(m_star + 1)) // 2
+    curve = Curve(footprint, budget, capacity=budget + budget // 20, phases=phases,
+                  resident=250 * MiB)  # fmt: skip
+    predict = distorted(curve, factor, int(share * budget))
+    outcome = model_search(curve, cap=4096, budget_bytes=budget, predict=predict)
+    assert_exact(outcome, curve, 4096)
+    assert len(outcome.probes) <= most, [p.micro_batch_size for p in outcome.probes]

@@ -172,7 +172,7 @@ def fake_replica(workload: Workload, mode: FakeTensorMode) -> Workload:
     fakes: dict[int, torch.Tensor] = {}
     for tensor in [*workload.model.parameters(), *workload.model.buffers()]:
         # A model built under ``mode`` (dry_run_of_target) is fake already.
-        fake = tensor if isinstance(tensor, FakeTensor) else mode.from_tensor(tensor)
+        fake: torch.Tensor = tensor if isinstance(tensor, FakeTensor) else mode.from_tensor(tensor)
         if isinstance(tensor, nn.Parameter):
             fake = nn.Parameter(fake, requires_grad=tensor.requires_grad)
         fakes[id(tensor)] = fake
