@@ -200,13 +200,14 @@ def _predicted_aim(search: SearchRecorder, budget_bytes: int, predict: PredictFn
     from one, ``β = 0`` (a proportional error: of the two, the assumption that errs low, so
     the next probe fits and makes the second point). Then ``M*`` is the predictions' ``M*``
     for the budget ``(budget − β) / α``, found by the model rules on predicted probes below
-    ``hi``. ``None`` without a measured footprint to calibrate on, or predictions."""
+    ``hi``. Before anything was measured, after one probe, the predictions are taken as
+    they are; ``None`` after more, or without predictions."""
     lo, hi = search.lo, search.hi
     measured = sorted(
         (size for size, r in search.by_size.items() if r.footprint_bytes is not None),
         key=lambda size: (size != lo, size != hi, abs(size - lo)),
     )
-    if not measured:
+    if not measured and len(search.probes) > 1:
         return None
     try:
         points = [
@@ -216,7 +217,9 @@ def _predicted_aim(search: SearchRecorder, budget_bytes: int, predict: PredictFn
             )
             for size in measured[:2]
         ]
-        scale, offset = _calibration(points)  # type: ignore[arg-type]
+        # Nothing measured yet (the first probe ran out of memory): the predictions as
+        # they are, so a guess one too high costs one more probe.
+        scale, offset = _calibration(points) if points else (1.0, 0.0)  # type: ignore[arg-type]
         target = int((budget_bytes - offset) / scale)
         found = search_with_model(
             lambda size: _predicted(predict, size, target),
@@ -238,7 +241,7 @@ def _calibration(points: list[tuple[int, int]]) -> tuple[float, float]:
         if p1 != p0 and (m1 - m0) / (p1 - p0) > 0:
             scale = (m1 - m0) / (p1 - p0)
             return scale, m0 - scale * p0
-    return m0 / p0, 0.0
+    return (m0 / p0, 0.0) if p0 > 0 else (1.0, 0.0)
 
 
 def _fallback(search: SearchRecorder) -> int:
