@@ -22,10 +22,10 @@ from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
-from api.dashboard import queries
+from api.dashboard import calculator, queries
 from api.dashboard.blocks import block_bars
 from api.dashboard.lengths import by_device
-from api.dashboard.variants import variant_rows
+from api.dashboard.variants import VariantRow, variant_rows
 from api.dashboard.web import (
     STATIC,
     cookie_would_be_dropped,
@@ -139,6 +139,42 @@ def parse_list_query(params: Any) -> queries.ListQuery:
 
 
 @router.get("/")
+async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> Response:
+    """The question on landing: micro batch and accumulation for a global batch, answered
+    by the recommendation route's own code; the newest profile's run is asked first."""
+
+    def read() -> tuple[queries.QuestionChoices, int]:
+        with db.session() as session:
+            return queries.question_choices(session), queries.profile_count(session)
+
+    choices, count = await run_in_threadpool(read)
+    calc = None
+    if choices.newest is not None:
+        newest = choices.newest
+        defaults = {
+            "workload": newest.workload_key,
+            "device": newest.device_key,
+            "world_size": str(newest.world_size),
+            "parallel": newest.parallel_mode,
+            "global_batch_size": str(
+                calculator.default_global_batch(newest.max_micro_batch_size, newest.world_size)
+            ),
+        }
+        question = calculator.read_question(request.query_params, defaults)
+        calc = await calculator.calculate(request, question)
+    return render(
+        request,
+        "landing.html",
+        principal=principal,
+        calc=calc,
+        choices=choices,
+        count=count,
+        now=_now(),
+        base_url=str(request.base_url).rstrip("/"),
+    )
+
+
+@router.get("/profiles")
 def profiles_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> Response:
     """Stored profiles: filter by workload and device, sort, page."""
     query = parse_list_query(request.query_params)
@@ -157,14 +193,37 @@ def profiles_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> R
 
 
 @router.get("/profiles/{profile_id}")
-def profile_page(
+async def profile_page(
     request: Request, profile_id: RowId, db: DatabaseDep, principal: ReadAccess
 ) -> Response:
-    """One profile: memory and throughput charts, the breakdown at M*, the calculator."""
-    with db.session() as session:
-        detail = queries.profile_detail(session, profile_id)
-        variants = variant_rows(session, profile_id) if detail.profile.variant_group else []
+    """One profile: the calculator first (asking as this profile's run), then its memory
+    and throughput charts and the breakdown at M*."""
+
+    def read() -> tuple[queries.ProfileDetail, list[VariantRow]]:
+        with db.session() as session:
+            detail = queries.profile_detail(session, profile_id)
+            group = detail.profile.variant_group
+            return detail, variant_rows(session, profile_id) if group else []
+
+    detail, variants = await run_in_threadpool(read)
     profile, probe = detail.profile, detail.at_max
+    defaults = {
+        "workload": profile.workload_key,
+        "device": profile.device_key,
+        "world_size": str(profile.world_size),
+        "parallel": profile.parallel.mode,
+        "global_batch_size": str(
+            calculator.default_global_batch(profile.max_micro_batch_size, profile.world_size)
+        ),
+    }
+    # The page's profile fixes the workload and the device; the form asks the rest.
+    params = {k: v for k, v in request.query_params.items() if k not in ("workload", "device")}
+    question = calculator.read_question(params, defaults)
+    calc = (
+        await calculator.calculate(request, question)
+        if profile.max_micro_batch_size > 0
+        else calculator.Calculation(question)
+    )
     breakdown = []
     if probe is not None and probe.breakdown is not None:
         parts = [
@@ -193,6 +252,7 @@ def profile_page(
         peak_phase=located_parts.peak_phase if located_parts else None,
         outside_blocks=OUTSIDE_BLOCKS,
         variants=variants,
+        calc=calc,
         now=_now(),
     )
 
