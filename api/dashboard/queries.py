@@ -360,19 +360,24 @@ def run_label(
     return " · ".join(parts)
 
 
+def variants_by_workload(session: Session) -> dict[int, dict[str, Any]]:
+    """The variant options each explored workload's profiles measured (one workload per
+    variant: the options change the key)."""
+    rows = session.execute(
+        select(_P.workload_id, _P.variant)
+        .where(_P.variant_group.is_not(None))
+        .order_by(_P.received_at.asc())
+    ).all()
+    return {workload_id: dict(variant or {}) for workload_id, variant in rows}
+
+
 def workload_choices(session: Session) -> list[Choice]:
     """Every workload, named by what tells it apart: its mode, sequence length and the
     variant options its profiles measured (an explored variant is a workload of its own)."""
     rows = session.execute(
         select(_W.id, _W.name, _W.key, _W.parallel_mode, _W.seq_len).order_by(_W.name, _W.id)
     ).all()
-    variants = dict(
-        session.execute(
-            select(_P.workload_id, _P.variant)
-            .where(_P.variant_group.is_not(None))
-            .order_by(_P.received_at.asc())
-        ).all()
-    )
+    variants = variants_by_workload(session)
     return _labelled(
         [
             (
@@ -518,6 +523,9 @@ class WorkloadSummary:
     profiles: int
     devices: int
     last_profiled_at: datetime | None
+    parallel_mode: str = "none"
+    seq_len: int | None = None
+    variant: dict[str, Any] = field(default_factory=dict)
 
 
 WORKLOAD_LIST_LIMIT = 1000
@@ -539,13 +547,19 @@ def list_workloads(session: Session) -> list[WorkloadSummary]:
             func.count(_P.id),
             func.count(func.distinct(_P.device_id)),
             last,
+            _W.parallel_mode,
+            _W.seq_len,
         )
         .outerjoin(_P, _P.workload_id == _W.id)
         .group_by(_W.id)
         .order_by(last.desc().nulls_last(), _W.name)
         .limit(WORKLOAD_LIST_LIMIT)
     )
-    return [WorkloadSummary(*row) for row in session.execute(statement)]
+    variants = variants_by_workload(session)
+    return [
+        WorkloadSummary(*row, variant=variants.get(row[0], {}))
+        for row in session.execute(statement)
+    ]
 
 
 @dataclass(frozen=True)
