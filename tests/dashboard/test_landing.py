@@ -219,7 +219,8 @@ def test_the_landing_page_answers_as_the_api_does(tab: Tab, fleet: Fleet) -> Non
     assert answer["split"] == [30, 30, 30, 30, 5]  # 125 a rank, at most 30 since the OOM
     # The question is in the URL: opened again, the page answers it again.
     query = dict(parse_qsl(urlsplit(page.url).query))
-    assert query["global_batch_size"] == "1000" and query["world_size"] == "8"
+    assert query["global_batch_size"] == "1000"
+    assert query["world_size"] == "8"
     page = tab.open(urlsplit(page.url).path + "?" + urlsplit(page.url).query)
     assert same_answer(page, fleet)["split"] == [30, 30, 30, 30, 5]
 
@@ -268,7 +269,8 @@ def test_a_ddp_profile_opens_on_its_own_run_with_the_calculator_first(
     assert page.locator("#calc-error").count() == 0
     answer = same_answer(page, fleet)
     assert answer["profile_id"] == fleet.ids["ddp2"]
-    assert answer["world_size"] == 2 and answer["parallel"] == "ddp"
+    assert answer["world_size"] == 2
+    assert answer["parallel"] == "ddp"
     fits_the_width(page)
 
     # The mode selector asks the API as it is: a DDP workload asked in one process is
@@ -332,7 +334,8 @@ def test_no_warning_is_dropped_and_the_oom_reads_one_number(tab: Tab, fleet: Fle
         "&global_batch_size=256&world_size=4&parallel=ddp"
     )
     answer = same_answer(page, fleet)
-    assert answer["one_process_only"] is True and answer["caveat"]
+    assert answer["one_process_only"] is True
+    assert answer["caveat"]
     assert page.locator("[data-warning=one-process]").is_visible()
     assert page.locator("[data-warning=caveat]").inner_text() == answer["caveat"]
     assert answer["oom_limit"] == cap + 1
@@ -362,7 +365,8 @@ def test_no_warning_is_dropped_and_the_oom_reads_one_number(tab: Tab, fleet: Fle
           const u = window.tunerCharts.memory;
           const keys = JSON.parse(document.getElementById('memory-chart').dataset.series);
           const oom = u.data[1 + keys.indexOf('oom')];
-          return {x: u.data[0].filter((x, i) => oom[i] !== null), label: u.series[1 + keys.indexOf('oom')].label};
+          const label = u.series[1 + keys.indexOf('oom')].label;
+          return {x: u.data[0].filter((x, i) => oom[i] !== null), label};
         }"""
     )
     assert drawn == {"x": [cap + 1], "label": f"OOM in training: at most {cap}"}
