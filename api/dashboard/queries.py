@@ -728,6 +728,50 @@ def _estimated(
     )
 
 
+# Devices
+
+
+@dataclass(frozen=True)
+class DeviceSummary:
+    id: int
+    key: str
+    name: str
+    kind: str
+    capacity_bytes: int
+    profiles: int
+    workloads: int
+    workers: int
+    last_profiled_at: datetime | None
+
+
+def list_devices(session: Session) -> list[DeviceSummary]:
+    """Every device with how much was measured on it and how many workers serve it; the
+    most recently profiled first. One statement."""
+    workers = (
+        select(func.count(models.Worker.id))
+        .where(models.Worker.device_id == _D.id)
+        .scalar_subquery()
+    )
+    last = func.max(_P.created_at)
+    statement = (
+        select(
+            _D.id,
+            _D.key,
+            _D.name,
+            _D.kind,
+            _D.capacity_bytes,
+            func.count(_P.id),
+            func.count(func.distinct(_P.workload_id)),
+            workers,
+            last,
+        )
+        .outerjoin(_P, _P.device_id == _D.id)
+        .group_by(_D.id)
+        .order_by(last.desc().nulls_last(), _D.name, _D.id)
+    )
+    return [DeviceSummary(*row) for row in session.execute(statement)]
+
+
 # Sequence-length families
 
 

@@ -389,3 +389,74 @@ def shot(page: Page, name: str, tab: Tab) -> None:
     """The page as it stands, for people (test-artifacts/screenshots/)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(Path(SCREENSHOTS) / f"{name}-{tab.label}.png"), full_page=True)
+
+
+def test_every_page_fits_a_phone_and_an_unknown_path_is_a_page(tab: Tab, fleet: Fleet) -> None:
+    ids = fleet.ids
+    pages = [
+        "/",
+        "/profiles",
+        f"/profiles/{ids['gpu']}",
+        f"/profiles/{ids['variant1']}",
+        "/workloads",
+        "/devices",
+        "/families/" + "gpt-len".ljust(24, "f"),
+        "/jobs",
+    ]
+    for path in pages:
+        page = tab.open(path)
+        fits_the_width(page)
+        problems = page.evaluate(
+            """() => {
+              const out = [];
+              // A table wider than the window scrolls in its own box, with a hint above.
+              for (const table of document.querySelectorAll('table')) {
+                const wrap = table.closest('.table-wrap');
+                const wide = table.getBoundingClientRect().right > window.innerWidth + 1;
+                if (wide && !wrap) out.push('unscrollable table ' + table.className);
+                if (wrap && wrap.scrollWidth > wrap.clientWidth + 1) {
+                  const hint = wrap.previousElementSibling;
+                  if (!hint || !hint.classList.contains('scroll-hint')) out.push('no hint');
+                }
+              }
+              // A badge (a name, a mode, an option) is never broken across lines.
+              for (const badge of document.querySelectorAll('.badge')) {
+                const line = parseFloat(getComputedStyle(badge).lineHeight) || 20;
+                if (badge.getBoundingClientRect().height > 1.8 * line) {
+                  out.push('broken badge ' + badge.textContent);
+                }
+              }
+              return out;
+            }"""
+        )
+        assert problems == [], path
+
+    # The devices page lists each device with its memory, and leads to its profiles.
+    page = tab.open("/devices")
+    gpu_row = page.locator("#devices-table tr", has_text="NVIDIA A100 40GB")
+    assert "40.0 GiB" in gpu_row.inner_text()
+    gpu_row.locator("a").click()
+    page.wait_for_url("**/profiles?device=*")
+    assert page.locator("#results tbody tr").count() == 1
+
+    # Past the last page, the count stays true.
+    page = tab.open("/profiles?page=9")
+    assert page.locator("#result-count").inner_text() == (
+        f"{len(ids)} profiles, on 1 page: page 9 is past the end."
+    )
+
+    # Unknown paths: the styled page, under the reader's own header; the API keeps JSON.
+    for path in ("/no/such/page", "/profiles/not-a-number", "/profiles/0", "/profiles/999"):
+        tab.allow(r"status of 404")
+        response = page.goto(fleet.url + path)
+        assert response is not None
+        assert response.status == 404
+        assert page.locator("h1").inner_text().startswith("Not found")
+        assert page.locator(".who-name").inner_text().startswith("ada")
+        assert "Input should be" not in page.locator("#page-error").inner_text()
+        fits_the_width(page)
+    with api(fleet.url, fleet.token) as client:
+        missing = client.get("/api/v1/no-such-thing")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "not_found"
+    shot(page, "not-found", tab)

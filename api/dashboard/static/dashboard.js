@@ -366,9 +366,32 @@
     });
   }
 
+  /* A table wider than the screen scrolls sideways; a line above it says so, while it
+     does (re-checked when the window changes size, and after htmx swaps a part). */
+  function hintWideTables() {
+    for (const wrap of document.querySelectorAll(".table-wrap")) {
+      const wide = wrap.scrollWidth > wrap.clientWidth + 1;
+      let hint = wrap.previousElementSibling;
+      if (!(hint && hint.classList.contains("scroll-hint"))) hint = null;
+      if (wide && !hint) {
+        hint = document.createElement("p");
+        hint.className = "scroll-hint";
+        hint.textContent = "Scroll sideways for more columns →";
+        wrap.parentNode.insertBefore(hint, wrap);
+      } else if (!wide && hint) {
+        hint.remove();
+      }
+      if (wide) wrap.dataset.scrolls = "true";
+      else delete wrap.dataset.scrolls;
+    }
+  }
+
   window.tunerFormat = { fmtBytes, fmtRate };
 
   function start() {
+    hintWideTables();
+    window.addEventListener("resize", hintWideTables);
+    document.body.addEventListener("htmx:afterSettle", hintWideTables);
     reportHtmxErrors();
     initCharts();
   }
