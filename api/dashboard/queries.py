@@ -135,7 +135,8 @@ def profile_status(
             "superseded",
             "superseded",
             "muted",
-            "a newer profile of this workload on this device is what recommendations use",
+            "a newer profile of this workload on this device, at this world size, is what "
+            "recommendations use",
         )
     if max_micro_batch_size < 1:
         return Status(
@@ -195,15 +196,19 @@ def _at_max(profile: Any) -> ColumnElement[bool]:
     )
 
 
-def _superseded(profile: Any, *, among_one_process: bool = False) -> Any:
+def _superseded(
+    profile: Any, *, among_one_process: bool = False, at_its_world_size: bool = False
+) -> Any:
     """Whether a newer profile of the pair exists (of those at world size 1 only, with
-    ``among_one_process``)."""
+    ``among_one_process``; at the profile's own world size, as recommendations choose,
+    with ``at_its_world_size``)."""
     newer = aliased(models.Profile)
     return exists().where(
         newer.workload_id == profile.workload_id,
         newer.device_id == profile.device_id,
         newer.received_at > profile.received_at,
         *([newer.world_size == 1] if among_one_process else []),
+        *([newer.world_size == profile.world_size] if at_its_world_size else []),
     )
 
 
@@ -238,7 +243,7 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
         .limit(1)
         .scalar_subquery()
     )
-    superseded = _superseded(_P)
+    superseded = _superseded(_P, at_its_world_size=True)
     where: list[ColumnElement[bool]] = []
     if query.workload_id is not None:
         where.append(_P.workload_id == query.workload_id)
@@ -481,7 +486,11 @@ def profile_detail(session: Session, profile_id: int) -> ProfileDetail:
     row = get_profile(session, profile_id)
     newest_id = session.scalar(
         select(_P.id)
-        .where(_P.workload_id == row.workload_id, _P.device_id == row.device_id)
+        .where(
+            _P.workload_id == row.workload_id,
+            _P.device_id == row.device_id,
+            _P.world_size == row.world_size,  # recommendations pick by world size too
+        )
         .order_by(_P.received_at.desc(), _P.id.desc())
         .limit(1)
     )

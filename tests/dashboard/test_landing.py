@@ -294,6 +294,10 @@ def test_every_list_header_and_menu_names_the_run(tab: Tab, fleet: Fleet) -> Non
     assert badges(ids["one"]) == ["1 process"]
     assert badges(ids["ddp2"]) == ["DDP × 2"]
     assert badges(ids["ddp4"]) == ["DDP × 4"]
+    # Recommendations pick the newest profile at each world size: W=2 is not superseded
+    # by the newer W=4 run.
+    ddp2_status = page.locator(f"tr[data-profile-id='{ids['ddp2']}'] [data-status]")
+    assert ddp2_status.get_attribute("data-status") == "current"
     assert badges(ids["len128"]) == ["1 process", "seq 128"]
     assert badges(ids["variant1"]) == ["1 process", "checkpointing=true", "precision=fp32"]
     fits_the_width(page)
