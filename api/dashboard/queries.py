@@ -631,7 +631,7 @@ def workload_detail(session: Session, workload_id: int) -> WorkloadDetail:
     )
     # The limit answers stay below, as the recommendation reads it: since the newest
     # profile on a measured device, since ever on the others.
-    limit_since_newest = dict(
+    limit_since_newest: dict[int, int | None] = dict(
         session.execute(
             select(_P.device_id, _oom_since(_P)).where(
                 _P.workload_id == workload_id, ~_superseded(_P)
@@ -639,7 +639,7 @@ def workload_detail(session: Session, workload_id: int) -> WorkloadDetail:
         ).all()
     )
     oom = models.OomReport
-    limit_ever = dict(
+    limit_ever: dict[int, int | None] = dict(
         session.execute(
             select(oom.device_id, smallest_limit(oom))
             .where(oom.workload_id == workload_id)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -82,7 +82,7 @@ def fleet(
             yield from _fleet(url, "postgres")
 
 
-def _fleet(url: str, label: str) -> Iterator[Fleet]:
+def _fleet(url: str, label: str) -> Generator[Fleet, None, None]:
     migrate.upgrade(url)
     database = Database(url)
     token = make_token(database, "admin", name="ada")
