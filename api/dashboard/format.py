@@ -3,9 +3,12 @@ counts, UTC for dates. Jinja filters, and the same rules as ``static/dashboard.j
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from jinja2 import Environment
+
+from tuner.core.plan import format_split
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -91,6 +94,30 @@ def fmt_ago(value: datetime | None, now: datetime | None = None) -> str:
     return fmt_datetime(value)
 
 
+def oom_cap(oom_limit: int) -> str:
+    """The one phrase for an OOM reported in training, with its one number: the largest
+    micro batch recommendations still use (``tuner.core.plan.below_oom``'s bound)."""
+    return f"out of memory reported in training: recommendations use at most {oom_limit - 1}"
+
+
+def mode_label(mode: str, world_size: int) -> str:
+    """A run's parallel mode and world size as a badge reads: ``1 process``, ``DDP × 2``."""
+    if mode == "none" and world_size == 1:
+        return "1 process"
+    return f"{'1 process' if mode == 'none' else mode.upper()} × {world_size}"
+
+
+def variant_text(options: Mapping[str, object]) -> str:
+    """Variant options as ``-o name=value`` takes them: ``checkpointing=true precision=bf16``."""
+    return " ".join(f"{name}={_option_text(value)}" for name, value in options.items())
+
+
+def _option_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
 def install_filters(environment: Environment) -> None:
     environment.filters.update(
         bytes=fmt_bytes,
@@ -101,4 +128,8 @@ def install_filters(environment: Environment) -> None:
         datetime=fmt_datetime,
         iso=fmt_iso,
         ago=fmt_ago,
+        split=format_split,
+        oom_cap=oom_cap,
+        mode_label=mode_label,
+        variant=variant_text,
     )

@@ -17,7 +17,9 @@ from sqlalchemy import ColumnElement, and_, exists, func, select
 from sqlalchemy.orm import Session, aliased
 
 from api import models
+from api.dashboard.format import fmt_bytes, mode_label, oom_cap, variant_text
 from api.schemas.profiles import ProfilePublic
+from api.store.oom_reports import smallest_limit
 from api.store.profiles import fit_of, get_profile, get_workload, to_public
 from api.store.recommendation import newest_fit
 from tuner.core import plan
@@ -96,6 +98,10 @@ class ProfileRow:
     samples_per_second: float | None
     superseded: bool
     oom_limit: int | None
+    world_size: int = 1
+    parallel_mode: str = "none"
+    variant: dict[str, Any] = field(default_factory=dict)
+    seq_len: int | None = None
 
     @property
     def free_bytes(self) -> int | None:
@@ -129,7 +135,8 @@ def profile_status(
             "superseded",
             "superseded",
             "muted",
-            "a newer profile of this workload on this device is what recommendations use",
+            "a newer profile of this workload on this device, at this world size, is what "
+            "recommendations use",
         )
     if max_micro_batch_size < 1:
         return Status(
@@ -141,10 +148,9 @@ def profile_status(
     if oom_limit is not None and oom_limit <= max_micro_batch_size:
         return Status(
             "oom-reported",
-            f"OOM at {oom_limit}",
+            f"OOM: at most {oom_limit - 1}",
             "warn",
-            f"training ran out of memory at micro batch {oom_limit} since this profile: "
-            f"recommendations stay below it until a newer profile exists",
+            f"{oom_cap(oom_limit)}, until a newer profile exists",
         )
     if max_micro_batch_size >= size_cap:
         return Status(
@@ -160,6 +166,7 @@ def profile_status(
 class Choice:
     id: int
     label: str
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -189,21 +196,27 @@ def _at_max(profile: Any) -> ColumnElement[bool]:
     )
 
 
-def _superseded(profile: Any, *, among_one_process: bool = False) -> Any:
+def _superseded(
+    profile: Any, *, among_one_process: bool = False, at_its_world_size: bool = False
+) -> Any:
     """Whether a newer profile of the pair exists (of those at world size 1 only, with
-    ``among_one_process``)."""
+    ``among_one_process``; at the profile's own world size, as recommendations choose,
+    with ``at_its_world_size``)."""
     newer = aliased(models.Profile)
     return exists().where(
         newer.workload_id == profile.workload_id,
         newer.device_id == profile.device_id,
         newer.received_at > profile.received_at,
         *([newer.world_size == 1] if among_one_process else []),
+        *([newer.world_size == profile.world_size] if at_its_world_size else []),
     )
 
 
 def _oom_since(profile: Any) -> Any:
+    """The smallest size answers must stay below since the profile, as the recommendation
+    reads it (``smallest_limit``): the dashboard and the answer name the same number."""
     return (
-        select(func.min(models.OomReport.micro_batch_size))
+        select(smallest_limit(models.OomReport))
         .where(
             models.OomReport.workload_id == profile.workload_id,
             models.OomReport.device_id == profile.device_id,
@@ -230,7 +243,7 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
         .limit(1)
         .scalar_subquery()
     )
-    superseded = _superseded(_P)
+    superseded = _superseded(_P, at_its_world_size=True)
     where: list[ColumnElement[bool]] = []
     if query.workload_id is not None:
         where.append(_P.workload_id == query.workload_id)
@@ -267,6 +280,10 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
             speed,
             superseded,
             _oom_since(_P),
+            _P.world_size,
+            _P.parallel_mode,
+            _P.variant,
+            _W.seq_len,
         )
         .join(_W, _W.id == _P.workload_id)
         .join(_D, _D.id == _P.device_id)
@@ -294,6 +311,10 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
             samples_per_second=r[14],
             superseded=bool(r[15]),
             oom_limit=r[16],
+            world_size=r[17],
+            parallel_mode=r[18],
+            variant=dict(r[19] or {}),
+            seq_len=r[20],
         )
         for r in session.execute(statement)
     ]
@@ -312,24 +333,112 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
 
 
 def _labelled(rows: Sequence[tuple[int, str, str]]) -> list[Choice]:
-    """Names, with a short key where two share a name (a key tells what differs)."""
+    """Labels, with a short key only where two still read the same."""
     seen: dict[str, int] = {}
-    for _id, name, _key in rows:
-        seen[name] = seen.get(name, 0) + 1
+    for _id, label, _key in rows:
+        seen[label] = seen.get(label, 0) + 1
     return [
-        Choice(row_id, f"{name} ({key[:8]})" if seen[name] > 1 else name)
-        for row_id, name, key in rows
+        Choice(row_id, f"{label} ({key[:8]})" if seen[label] > 1 else label, key)
+        for row_id, label, key in rows
     ]
 
 
+def run_label(
+    name: str,
+    *,
+    parallel_mode: str = "none",
+    world_size: int | None = None,
+    seq_len: int | None = None,
+    variant: dict[str, Any] | None = None,
+) -> str:
+    """What tells runs of one model apart, in words: ``gpt · DDP × 2 · seq 128 ·
+    checkpointing=true`` (the badges, as text for a menu)."""
+    parts = [name]
+    if world_size is not None:
+        parts.append(mode_label(parallel_mode, world_size))
+    elif parallel_mode != "none":
+        parts.append(parallel_mode.upper())
+    if seq_len is not None:
+        parts.append(f"seq {seq_len}")
+    if variant:
+        parts.append(variant_text(variant))
+    return " · ".join(parts)
+
+
+def variants_by_workload(session: Session) -> dict[int, dict[str, Any]]:
+    """The variant options each explored workload's profiles measured (one workload per
+    variant: the options change the key)."""
+    rows = session.execute(
+        select(_P.workload_id, _P.variant)
+        .where(_P.variant_group.is_not(None))
+        .order_by(_P.received_at.asc())
+    ).all()
+    return {workload_id: dict(variant or {}) for workload_id, variant in rows}
+
+
 def workload_choices(session: Session) -> list[Choice]:
-    rows = session.execute(select(_W.id, _W.name, _W.key).order_by(_W.name, _W.id)).all()
-    return _labelled([(r[0], r[1], r[2]) for r in rows])
+    """Every workload, named by what tells it apart: its mode, sequence length and the
+    variant options its profiles measured (an explored variant is a workload of its own)."""
+    rows = session.execute(
+        select(_W.id, _W.name, _W.key, _W.parallel_mode, _W.seq_len).order_by(_W.name, _W.id)
+    ).all()
+    variants = variants_by_workload(session)
+    return _labelled(
+        [
+            (
+                r[0],
+                run_label(r[1], parallel_mode=r[3], seq_len=r[4], variant=variants.get(r[0])),
+                r[2],
+            )
+            for r in rows
+        ]
+    )
 
 
 def device_choices(session: Session) -> list[Choice]:
-    rows = session.execute(select(_D.id, _D.name, _D.key).order_by(_D.name, _D.id)).all()
-    return _labelled([(r[0], r[1], r[2]) for r in rows])
+    """Every device, named with its memory (what a reader picks a device by)."""
+    rows = session.execute(
+        select(_D.id, _D.name, _D.key, _D.capacity_bytes).order_by(_D.name, _D.id)
+    ).all()
+    return _labelled([(r[0], f"{r[1]} · {fmt_bytes(r[3])}", r[2]) for r in rows])
+
+
+@dataclass(frozen=True)
+class NewestRun:
+    """The run the newest profile measured: what the landing page asks about first."""
+
+    workload_key: str
+    device_key: str
+    world_size: int
+    parallel_mode: str
+    max_micro_batch_size: int
+
+
+@dataclass(frozen=True)
+class QuestionChoices:
+    workloads: list[Choice]
+    devices: list[Choice]
+    newest: NewestRun | None
+
+
+def question_choices(session: Session) -> QuestionChoices:
+    """The calculator's menus and its first question: the newest profile's run."""
+    newest = session.execute(
+        select(_W.key, _D.key, _P.world_size, _P.parallel_mode, _P.max_micro_batch_size)
+        .join(_W, _W.id == _P.workload_id)
+        .join(_D, _D.id == _P.device_id)
+        .order_by(_P.received_at.desc(), _P.id.desc())
+        .limit(1)
+    ).first()
+    return QuestionChoices(
+        workloads=workload_choices(session),
+        devices=device_choices(session),
+        newest=NewestRun(*newest) if newest is not None else None,
+    )
+
+
+def profile_count(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(_P)) or 0
 
 
 # One profile
@@ -347,6 +456,7 @@ class ProfileDetail:
     profile: ProfilePublic
     newest_id: int
     oom_reports: list[OomReportRow]
+    oom_limit: int | None = None  # what answers stay below, as the recommendation reads it
 
     @property
     def superseded(self) -> bool:
@@ -363,10 +473,6 @@ class ProfileDetail:
         return found[-1] if found else None
 
     @property
-    def oom_limit(self) -> int | None:
-        return min((r.micro_batch_size for r in self.oom_reports), default=None)
-
-    @property
     def status(self) -> Status:
         return profile_status(
             max_micro_batch_size=self.profile.max_micro_batch_size,
@@ -380,7 +486,11 @@ def profile_detail(session: Session, profile_id: int) -> ProfileDetail:
     row = get_profile(session, profile_id)
     newest_id = session.scalar(
         select(_P.id)
-        .where(_P.workload_id == row.workload_id, _P.device_id == row.device_id)
+        .where(
+            _P.workload_id == row.workload_id,
+            _P.device_id == row.device_id,
+            _P.world_size == row.world_size,  # recommendations pick by world size too
+        )
         .order_by(_P.received_at.desc(), _P.id.desc())
         .limit(1)
     )
@@ -402,6 +512,7 @@ def profile_detail(session: Session, profile_id: int) -> ProfileDetail:
         profile=to_public(row),
         newest_id=newest_id or row.id,
         oom_reports=[OomReportRow(r[0], r[1], r[2]) for r in reports],
+        oom_limit=session.scalar(select(_oom_since(_P)).where(_P.id == row.id)),
     )
 
 
@@ -421,6 +532,9 @@ class WorkloadSummary:
     profiles: int
     devices: int
     last_profiled_at: datetime | None
+    parallel_mode: str = "none"
+    seq_len: int | None = None
+    variant: dict[str, Any] = field(default_factory=dict)
 
 
 WORKLOAD_LIST_LIMIT = 1000
@@ -442,13 +556,19 @@ def list_workloads(session: Session) -> list[WorkloadSummary]:
             func.count(_P.id),
             func.count(func.distinct(_P.device_id)),
             last,
+            _W.parallel_mode,
+            _W.seq_len,
         )
         .outerjoin(_P, _P.workload_id == _W.id)
         .group_by(_W.id)
         .order_by(last.desc().nulls_last(), _W.name)
         .limit(WORKLOAD_LIST_LIMIT)
     )
-    return [WorkloadSummary(*row) for row in session.execute(statement)]
+    variants = variants_by_workload(session)
+    return [
+        WorkloadSummary(*row, variant=variants.get(row[0], {}))
+        for row in session.execute(statement)
+    ]
 
 
 @dataclass(frozen=True)
@@ -509,13 +629,23 @@ def workload_detail(session: Session, workload_id: int) -> WorkloadDetail:
             .group_by(_P.device_id)
         ).all()
     )
-    reports = session.execute(
-        select(
-            models.OomReport.device_id,
-            models.OomReport.micro_batch_size,
-            models.OomReport.created_at,
-        ).where(models.OomReport.workload_id == workload_id)
-    ).all()
+    # The limit answers stay below, as the recommendation reads it: since the newest
+    # profile on a measured device, since ever on the others.
+    limit_since_newest: dict[int, int | None] = dict(
+        session.execute(
+            select(_P.device_id, _oom_since(_P)).where(
+                _P.workload_id == workload_id, ~_superseded(_P)
+            )
+        ).all()
+    )
+    oom = models.OomReport
+    limit_ever: dict[int, int | None] = dict(
+        session.execute(
+            select(oom.device_id, smallest_limit(oom))
+            .where(oom.workload_id == workload_id)
+            .group_by(oom.device_id)
+        ).all()
+    )
     devices = session.scalars(select(_D).order_by(_D.name, _D.id)).all()
     source = newest_fit(session, workload_id)
     fit = fit_of(source) if source is not None else None
@@ -523,19 +653,12 @@ def workload_detail(session: Session, workload_id: int) -> WorkloadDetail:
     results: list[DeviceResult] = []
     for device in devices:
         row = by_device.get(device.id)
-        since = row.received_at if row is not None else None
-        oom = min(
-            (
-                size
-                for dev, size, at in reports
-                if dev == device.id and (since is None or at > since)
-            ),
-            default=None,
-        )
+        limit = limit_since_newest if row is not None else limit_ever
+        oom_limit = limit.get(device.id)
         if row is not None:
-            results.append(_measured(device, row, counts.get(device.id, 0), oom))
+            results.append(_measured(device, row, counts.get(device.id, 0), oom_limit))
         elif source is not None and fit is not None:
-            results.append(_estimated(device, source, fit, oom))
+            results.append(_estimated(device, source, fit, oom_limit))
         else:
             results.append(
                 DeviceResult(
@@ -546,7 +669,7 @@ def workload_detail(session: Session, workload_id: int) -> WorkloadDetail:
                     capacity_bytes=device.capacity_bytes,
                     basis="none",
                     max_micro_batch_size=None,
-                    oom_limit=oom,
+                    oom_limit=oom_limit,
                     note="no profile here, and no fit elsewhere to estimate from",
                 )
             )
@@ -612,6 +735,50 @@ def _estimated(
         footprint_bytes=round(fit.predict(estimate)) if estimate > 0 else None,
         source_device_name=source.device.name,
     )
+
+
+# Devices
+
+
+@dataclass(frozen=True)
+class DeviceSummary:
+    id: int
+    key: str
+    name: str
+    kind: str
+    capacity_bytes: int
+    profiles: int
+    workloads: int
+    workers: int
+    last_profiled_at: datetime | None
+
+
+def list_devices(session: Session) -> list[DeviceSummary]:
+    """Every device with how much was measured on it and how many workers serve it; the
+    most recently profiled first. One statement."""
+    workers = (
+        select(func.count(models.Worker.id))
+        .where(models.Worker.device_id == _D.id)
+        .scalar_subquery()
+    )
+    last = func.max(_P.created_at)
+    statement = (
+        select(
+            _D.id,
+            _D.key,
+            _D.name,
+            _D.kind,
+            _D.capacity_bytes,
+            func.count(_P.id),
+            func.count(func.distinct(_P.workload_id)),
+            workers,
+            last,
+        )
+        .outerjoin(_P, _P.device_id == _D.id)
+        .group_by(_D.id)
+        .order_by(last.desc().nulls_last(), _D.name, _D.id)
+    )
+    return [DeviceSummary(*row) for row in session.execute(statement)]
 
 
 # Sequence-length families

@@ -21,11 +21,12 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.dashboard import queries
+from api.dashboard import calculator, queries
 from api.dashboard.blocks import block_bars
 from api.dashboard.lengths import by_device
-from api.dashboard.variants import variant_rows
+from api.dashboard.variants import VariantRow, variant_rows
 from api.dashboard.web import (
     STATIC,
     cookie_would_be_dropped,
@@ -39,10 +40,10 @@ from api.dashboard.web import (
 )
 from api.dashboard.worlds import world_sizes
 from api.db import Database
-from api.deps import TOKEN_COOKIE, DatabaseDep, ReadAccess, SettingsDep
+from api.deps import TOKEN_COOKIE, DatabaseDep, ReadAccess, SettingsDep, authorize
 from api.errors import STATUS_BY_CODE
 from api.schemas.common import INT32_MAX
-from api.security import authenticate
+from api.security import Principal, authenticate
 from tuner.core.errors import AuthenticationError, BadInputError, TunerError
 from tuner.core.results import OUTSIDE_BLOCKS
 
@@ -67,23 +68,36 @@ class DashboardRoute(APIRoute):
             except TunerError as exc:
                 status = STATUS_BY_CODE.get(exc.code, 400)
                 return render(
-                    request, "error.html", status_code=status, status=status, message=exc.message
-                )
-            except RequestValidationError as exc:
-                # Only path parameters are typed here: a malformed id names nothing.
-                message = "; ".join(str(error.get("msg", "")) for error in exc.errors())
-                return render(
                     request,
                     "error.html",
-                    status_code=404,
-                    status=404,
-                    message=f"there is no such page ({message})",
+                    principal=await _reader(request),
+                    status_code=status,
+                    status=status,
+                    message=exc.message,
                 )
+            except RequestValidationError:
+                # Only path parameters are typed here: a malformed id names nothing.
+                try:
+                    principal = await authorize(request, "read")
+                except AuthenticationError:
+                    presented = TOKEN_COOKIE in request.cookies
+                    return login_redirect(request, reason="expired" if presented else None)
+                return not_found(request, principal)
 
         return page
 
 
+async def _reader(request: Request) -> Principal | None:
+    """Who is reading, for the header of an error page; nobody when no token is valid."""
+    try:
+        return await authorize(request, "read")
+    except TunerError:
+        return None
+
+
 router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
+# Registered after everything else (the API, the static files): any other path.
+fallback = APIRouter(route_class=DashboardRoute, include_in_schema=False)
 
 RowId = Annotated[int, PathParam(ge=1, le=INT32_MAX)]
 # As long as the store's column (models.Workload.length_family); longer names nothing.
@@ -94,6 +108,32 @@ def install(app: FastAPI) -> None:
     """Serve the pages and their static files (scripts, styles, vendored libraries)."""
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=Path(STATIC)), name="static")
+    app.include_router(fallback)
+
+
+def not_found(request: Request, principal: Principal | None) -> Response:
+    """The styled 404 page, under the header of whoever is signed in."""
+    return render(
+        request,
+        "error.html",
+        principal=principal,
+        status_code=404,
+        status=404,
+        message=f"there is no page at {request.url.path}: start from the links above",
+    )
+
+
+# Paths the JSON API owns: an unknown one there is answered in JSON, as the API answers.
+_API_PATHS = ("/api/", "/docs", "/openapi.json", "/redoc", "/health", "/static/")
+
+
+@fallback.get("/{unknown:path}")
+async def unknown_page(request: Request) -> Response:
+    """Any other path: the styled 404 page for a browser, the API's JSON 404 under /api."""
+    if request.url.path.startswith(_API_PATHS):
+        raise StarletteHTTPException(status_code=404, detail="Not Found")
+    principal = await authorize(request, "read")
+    return not_found(request, principal)
 
 
 def _now() -> datetime:
@@ -139,6 +179,42 @@ def parse_list_query(params: Any) -> queries.ListQuery:
 
 
 @router.get("/")
+async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> Response:
+    """The question on landing: micro batch and accumulation for a global batch, answered
+    by the recommendation route's own code; the newest profile's run is asked first."""
+
+    def read() -> tuple[queries.QuestionChoices, int]:
+        with db.session() as session:
+            return queries.question_choices(session), queries.profile_count(session)
+
+    choices, count = await run_in_threadpool(read)
+    calc = None
+    if choices.newest is not None:
+        newest = choices.newest
+        defaults = {
+            "workload": newest.workload_key,
+            "device": newest.device_key,
+            "world_size": str(newest.world_size),
+            "parallel": newest.parallel_mode,
+            "global_batch_size": str(
+                calculator.default_global_batch(newest.max_micro_batch_size, newest.world_size)
+            ),
+        }
+        question = calculator.read_question(request.query_params, defaults)
+        calc = await calculator.calculate(request, question)
+    return render(
+        request,
+        "landing.html",
+        principal=principal,
+        calc=calc,
+        choices=choices,
+        count=count,
+        now=_now(),
+        base_url=str(request.base_url).rstrip("/"),
+    )
+
+
+@router.get("/profiles")
 def profiles_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> Response:
     """Stored profiles: filter by workload and device, sort, page."""
     query = parse_list_query(request.query_params)
@@ -157,14 +233,37 @@ def profiles_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> R
 
 
 @router.get("/profiles/{profile_id}")
-def profile_page(
+async def profile_page(
     request: Request, profile_id: RowId, db: DatabaseDep, principal: ReadAccess
 ) -> Response:
-    """One profile: memory and throughput charts, the breakdown at M*, the calculator."""
-    with db.session() as session:
-        detail = queries.profile_detail(session, profile_id)
-        variants = variant_rows(session, profile_id) if detail.profile.variant_group else []
+    """One profile: the calculator first (asking as this profile's run), then its memory
+    and throughput charts and the breakdown at M*."""
+
+    def read() -> tuple[queries.ProfileDetail, list[VariantRow]]:
+        with db.session() as session:
+            detail = queries.profile_detail(session, profile_id)
+            group = detail.profile.variant_group
+            return detail, variant_rows(session, profile_id) if group else []
+
+    detail, variants = await run_in_threadpool(read)
     profile, probe = detail.profile, detail.at_max
+    defaults = {
+        "workload": profile.workload_key,
+        "device": profile.device_key,
+        "world_size": str(profile.world_size),
+        "parallel": profile.parallel.mode,
+        "global_batch_size": str(
+            calculator.default_global_batch(profile.max_micro_batch_size, profile.world_size)
+        ),
+    }
+    # The page's profile fixes the workload and the device; the form asks the rest.
+    params = {k: v for k, v in request.query_params.items() if k not in ("workload", "device")}
+    question = calculator.read_question(params, defaults)
+    calc = (
+        await calculator.calculate(request, question)
+        if profile.max_micro_batch_size > 0
+        else calculator.Calculation(question)
+    )
     breakdown = []
     if probe is not None and probe.breakdown is not None:
         parts = [
@@ -193,6 +292,7 @@ def profile_page(
         peak_phase=located_parts.peak_phase if located_parts else None,
         outside_blocks=OUTSIDE_BLOCKS,
         variants=variants,
+        calc=calc,
         now=_now(),
     )
 
@@ -250,6 +350,21 @@ def length_family_page(
         family=family,
         devices=devices,
         now=_now(),
+    )
+
+
+@router.get("/devices")
+def devices_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> Response:
+    """Every device: its memory, what was measured on it, and the workers that serve it."""
+    with db.session() as session:
+        devices = queries.list_devices(session)
+    return render(
+        request,
+        "devices.html",
+        principal=principal,
+        devices=devices,
+        now=_now(),
+        base_url=str(request.base_url).rstrip("/"),
     )
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from api.dashboard.format import variant_text
 from api.schemas.variants import VariantPublic
 from api.store.profiles import get_profile
 from api.store.variants import variants_of
@@ -28,16 +29,9 @@ def variant_rows(session: Session, profile_id: int) -> list[VariantRow]:
     return [
         VariantRow(
             variant=v,
-            label=" ".join(f"{k}={_text(value)}" for k, value in v.variant.items()) or "as loaded",
+            label=variant_text(v.variant) or "as loaded",
             speed_width=round(100 * (v.samples_per_second or 0.0) / top, 2) if top > 0 else 0.0,
             fastest=top > 0 and v.samples_per_second == top,
         )
         for v in found.data
     ]
-
-
-def _text(value: object) -> str:
-    """As ``-o name=value`` takes it: true, false, null, numbers and bare strings."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "null" if value is None else str(value)

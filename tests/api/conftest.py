@@ -32,21 +32,28 @@ def sqlite_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'tuner.db'}"
 
 
-@pytest.fixture
-def postgres_url(postgres_server: str) -> Iterator[str]:
-    """A new, empty database on the session's PostgreSQL server, dropped afterwards."""
+@contextmanager
+def fresh_postgres_database(server_url: str) -> Iterator[str]:
+    """A new, empty database on the PostgreSQL server at ``server_url``, dropped afterwards."""
     admin = create_engine(
-        make_url(postgres_server).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT"
+        make_url(server_url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT"
     )
     name = f"tuner_{uuid.uuid4().hex[:12]}"
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        yield make_url(postgres_server).set(database=name).render_as_string(hide_password=False)
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
     finally:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A new, empty database on the session's PostgreSQL server, dropped afterwards."""
+    with fresh_postgres_database(postgres_server) as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -14,7 +14,7 @@ from tests.dashboard.conftest import Tab, signed_in
 from tests.dashboard.data import store
 from tests.services import ServerThread
 
-PAGES = ("/", "/workloads", "/jobs", "/profiles/1", "/workloads/1")
+PAGES = ("/", "/profiles", "/workloads", "/jobs", "/profiles/1", "/workloads/1")
 
 
 def test_pages_send_a_browser_to_login_while_the_api_answers_401(
@@ -75,7 +75,7 @@ def test_a_revoked_token_ends_the_session_at_the_next_page(
     tab: Tab, database: Database, reader: str
 ) -> None:
     signed_in(tab, reader)
-    tab.open("/")
+    tab.open("/profiles")
     assert tab.page.locator("h1").inner_text() == "Profiles"
     with database.session(write=True) as session:
         (token_id,) = [token.id for token in list_tokens(session)]
@@ -128,7 +128,7 @@ def test_public_reads_open_every_page_without_a_token(
         assert page.url == public_service.url + path
         assert page.locator(".who-name").inner_text() == "Public, read-only"
     public_tab.open("/profiles/1").wait_for_selector("#memory-chart[data-drawn]")
-    public_tab.page.wait_for_selector("#calc-form[data-state=done]")
+    public_tab.page.wait_for_selector("#calc-answer[data-state=done]")
 
 
 @pytest.mark.parametrize("signed", ["read token", "public"])
@@ -161,7 +161,7 @@ def test_a_filter_change_after_revocation_moves_the_whole_page_to_login(
     tab: Tab, database: Database, reader: str
 ) -> None:
     store(database, [sample_profile()])
-    page = signed_in(tab, reader).open("/")
+    page = signed_in(tab, reader).open("/profiles")
     with database.session(write=True) as session:
         (token_id,) = [token.id for token in list_tokens(session)]
         revoke_token(session, token_id)

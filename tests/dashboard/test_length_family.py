@@ -221,7 +221,7 @@ def test_an_unknown_family_is_a_404_page(tab: Tab, reader: str) -> None:
     signed_in(tab, reader)
     for path, message in (
         ("/families/no-such-family", "no sequence-length family 'no-such-family'"),
-        ("/families/" + "x" * 65, "there is no such page"),
+        ("/families/" + "x" * 65, "there is no page at /families/xxx"),
     ):
         response = tab.page.goto(tab.base_url + path)
         assert response is not None

@@ -53,7 +53,7 @@ def api_ids(service: ServerThread, token: str, **params: Any) -> list[int]:
 
 
 def test_an_empty_store_says_what_to_run(tab: Tab, reader: str, service: ServerThread) -> None:
-    page = signed_in(tab, reader).open("/")
+    page = signed_in(tab, reader).open("/profiles")
     empty = page.locator("#empty-profiles")
     assert "No profiles yet" in empty.inner_text()
     assert "tuner profile examples.gpt:workload" in empty.inner_text()
@@ -67,7 +67,7 @@ def test_filters_sorting_and_pages_work_and_agree_with_the_api(
     tab: Tab, database: Database, reader: str, service: ServerThread
 ) -> None:
     store(database, fleet(60, workloads=3, devices=2))
-    page = signed_in(tab, reader).open("/?size=25")
+    page = signed_in(tab, reader).open("/profiles?size=25")
     assert shown_ids(page) == api_ids(service, reader, limit=25)
     assert page.locator("#result-count").inner_text() == "1–25 of 60 profiles"
     tab.screenshot("profiles")
@@ -89,7 +89,7 @@ def test_filters_sorting_and_pages_work_and_agree_with_the_api(
     assert shown_ids(page) == api_ids(service, reader, workload="model-01", limit=25)
     assert page.locator("#result-count").inner_text() == "1–20 of 20 profiles"
     page.focus("#filter-device")
-    page.select_option("#filter-device", label="device-01")
+    page.select_option("#filter-device", label="device-01 · 768 MiB")  # named with its memory
     settle(page, r"device=\d+")
     expected = api_ids(service, reader, workload="model-01", device="device-01", limit=25)
     assert shown_ids(page) == expected
@@ -131,16 +131,16 @@ def test_filters_sorting_and_pages_work_and_agree_with_the_api(
 
 def test_a_filter_that_matches_nothing_says_so(tab: Tab, database: Database, reader: str) -> None:
     store(database, fleet(3, workloads=2, devices=2))  # model-01 never ran on device-01
-    page = signed_in(tab, reader).open("/?workload=2&device=2")
+    page = signed_in(tab, reader).open("/profiles?workload=2&device=2")
     assert "No profile matches these filters" in page.locator("#results").inner_text()
     page.click("#results .empty a")
-    settle(page, r"/$")
+    settle(page, r"/profiles$")
     assert len(shown_ids(page)) == 3
 
 
 def test_bad_list_parameters_are_explained(tab: Tab, database: Database, reader: str) -> None:
     tab.allow(r"status of 422")
-    page = signed_in(tab, reader).open("/?sort=colour")
+    page = signed_in(tab, reader).open("/profiles?sort=colour")
     assert "sort by one of created, mstar" in page.locator("#page-error").inner_text()
 
 
@@ -174,14 +174,15 @@ def test_a_page_costs_the_same_statements_whatever_its_size(
         for size in (25, 200):
             for sort in ("created", "headroom"):
                 with statements(service) as seen:
-                    response = client.get("/", params={"size": size, "sort": sort})
+                    response = client.get("/profiles", params={"size": size, "sort": sort})
                 assert response.status_code == 200
                 assert response.text.count("data-profile-id=") == size
                 counts[size, sort] = len(seen)
     assert counts[25, "created"] == counts[200, "created"]
     assert counts[25, "headroom"] == counts[200, "headroom"]
-    # The token, the page of rows, their count, and the two filter menus.
-    assert counts[200, "created"] <= 5, counts
+    # The token, the page of rows, their count, the two filter menus, and the variant
+    # options the workload menu names.
+    assert counts[200, "created"] <= 6, counts
 
 
 def test_a_thousand_profiles_list_is_interactive_within_a_second(
@@ -191,7 +192,7 @@ def test_a_thousand_profiles_list_is_interactive_within_a_second(
     signed_in(tab, reader)
     tab.open("/login")  # the browser and the connection are warm; the list page is not
     started = time.perf_counter()
-    page = tab.open("/")
+    page = tab.open("/profiles")
     page.wait_for_function("() => document.documentElement.dataset.ready !== undefined")
     wall_ms = (time.perf_counter() - started) * 1000
     timing = page.evaluate(
@@ -238,9 +239,9 @@ def test_a_thousand_profiles_list_is_interactive_within_a_second(
 def test_a_failed_update_is_shown_not_swallowed(tab: Tab, database: Database, reader: str) -> None:
     store(database, fleet(60))
     tab.allow(r"status of 503|Response Status Error Code 503")  # Chromium's and htmx's logs
-    page = signed_in(tab, reader).open("/")
+    page = signed_in(tab, reader).open("/profiles")
     page.route(
-        "**/?page=2*",
+        "**/profiles?page=2*",
         lambda route: route.fulfill(
             status=503,
             content_type="text/html",

@@ -1,8 +1,9 @@
-/* microbatch-tuner dashboard: charts and the recommendation calculator of the profile
-   page, and error reporting for htmx requests. Loaded with `defer` on every page.
+/* microbatch-tuner dashboard: the profile page's charts, and error reporting for htmx
+   requests. Loaded with `defer` on every page. (The calculator is rendered by the server,
+   from the recommendation route's own answer.)
 
-   The charts read GET /api/v1/profiles/{id}, the calculator GET /api/v1/recommendation:
-   the same JSON API, and the same token (the dashboard's cookie), as the Python client.
+   The charts read GET /api/v1/profiles/{id}: the same JSON API, and the same token (the
+   dashboard's cookie), as the Python client.
    Each chart keeps its uPlot instance in window.tunerCharts and on its element, so tests
    (and curious people in the console) can read exactly what was drawn. */
 (function () {
@@ -50,15 +51,6 @@
 
   /* Runs of equal sizes: [12, 12, 12, 4] reads "3×12 + 4" and [29, 29, 28] "2×29 + 28",
      as tuner.plan.format_split writes them. */
-  function formatSplit(split) {
-    const runs = [];
-    for (const size of split) {
-      if (runs.length && runs[runs.length - 1][0] === size) runs[runs.length - 1][1] += 1;
-      else runs.push([size, 1]);
-    }
-    return runs.map(([size, count]) => (count > 1 ? count + "×" + size : String(size))).join(" + ");
-  }
-
   /* Tick increments in binary units, so gridlines fall on 256 MiB, 1 GiB, ... */
   const BYTE_INCRS = (function () {
     const out = [];
@@ -141,10 +133,13 @@
     return p.peak_reserved_bytes === null ? null : p.peak_reserved_bytes + p.non_torch_bytes;
   }
 
-  /* Series of the memory chart: x = 0 and every probed size. */
-  function memoryData(profile) {
+  /* Series of the memory chart: x = 0, every probed size, and the size training reported
+     running out of memory at (oomLimit, the limit answers stay below), if any. */
+  function memoryData(profile, oomLimit) {
     const bySize = lastBySize(profile.probes);
-    const sizes = Array.from(bySize.keys()).sort((a, b) => a - b);
+    const probed = Array.from(bySize.keys());
+    if (oomLimit > 0 && !bySize.has(oomLimit)) probed.push(oomLimit);
+    const sizes = probed.sort((a, b) => a - b);
     const xs = [0].concat(sizes.filter((s) => s !== 0));
     const capacity = profile.device.capacity_bytes;
     const budget = profile.budget_bytes;
@@ -175,6 +170,14 @@
         return y === null ? capacity : y;
       }),
     });
+    if (oomLimit > 0) {
+      // Drawn on the capacity line, where training hit the wall, as a failed probe is.
+      series.push({
+        key: "oom",
+        label: "OOM in training: at most " + (oomLimit - 1),
+        values: xs.map((x) => (x === oomLimit ? capacity : null)),
+      });
+    }
     const mstar = profile.max_micro_batch_size;
     series.push({
       key: "max",
@@ -214,20 +217,21 @@
       budget: { stroke: cssVar("--chart-capacity"), width: 1, dash: [3, 3], points: { show: false } },
       capacity: { stroke: cssVar("--chart-capacity"), width: 2, points: { show: false } },
       failed: { stroke: failed, width: 0, paths: () => null, points: { show: true, size: 13, width: 2.5, stroke: failed, fill: cssVar("--panel") } },
+      oom: { stroke: cssVar("--chart-oom"), width: 0, paths: () => null, points: { show: true, size: 15, width: 3, stroke: cssVar("--chart-oom"), fill: cssVar("--chart-oom") } },
       max: { stroke: max, width: 0, paths: () => null, points: { show: true, size: 14, width: 2.5, stroke: max, fill: max } },
       speed: { stroke: cssVar("--chart-speed"), width: 2, points: { show: true, size: 7 }, spanGaps: true },
     };
     return styles[key];
   }
 
-  /* A dashed vertical line at M*, drawn under the series. */
-  function markMax(mstar) {
+  /* A dashed vertical line at a size (M*, the OOM reported in training), under the series. */
+  function markSize(size, colour) {
     return function (u) {
-      if (!(mstar > 0)) return;
-      const x = Math.round(u.valToPos(mstar, "x", true));
+      if (!(size > 0)) return;
+      const x = Math.round(u.valToPos(size, "x", true));
       const ctx = u.ctx;
       ctx.save();
-      ctx.strokeStyle = cssVar("--chart-max");
+      ctx.strokeStyle = cssVar(colour);
       ctx.setLineDash([4, 4]);
       ctx.lineWidth = 1;
       ctx.beginPath();
@@ -264,7 +268,7 @@
       series: uSeries,
       legend: { live: true },
       cursor: { points: { size: 8 } },
-      hooks: { drawClear: [markMax(opts.mstar)] },
+      hooks: { drawClear: [markSize(opts.mstar, "--chart-max"), markSize(opts.oomLimit, "--chart-oom")] },
     };
     if (opts.bands) config.bands = opts.bands(series);
     el.replaceChildren();
@@ -304,10 +308,12 @@
     if (!profile.probes.length) {
       showChartEmpty(memoryEl, "This profile has no probes to draw.");
     } else {
-      const memory = memoryData(profile);
+      const oomLimit = Number(memoryEl.dataset.oomLimit || 0);
+      const memory = memoryData(profile, oomLimit);
       drawChart(memoryEl, "memory", memory, {
         tall: true,
         mstar,
+        oomLimit,
         format: fmtBytes,
         yLabel: "peak memory",
         yAxis: { values: (_u, ticks) => ticks.map(fmtBytesTick), incrs: BYTE_INCRS, size: 78 },
@@ -331,84 +337,6 @@
         });
       }
     }
-  }
-
-  /* The calculator asks the recommendation endpoint, never computes on its own. */
-  function initCalculator() {
-    const form = document.getElementById("calc-form");
-    if (!form) return;
-    const errorBox = document.getElementById("calc-error");
-    const result = document.getElementById("calc-result");
-    const field = (id) => document.getElementById(id);
-    let sequence = 0;
-    let timer = null;
-
-    function showError(message) {
-      errorBox.textContent = message;
-      errorBox.hidden = false;
-      result.hidden = true;
-      form.dataset.state = "error";
-    }
-
-    function show(rec) {
-      errorBox.hidden = true;
-      field("calc-micro").textContent = fmtInt(rec.micro_batch_size);
-      field("calc-accum").textContent = fmtInt(rec.grad_accum);
-      field("calc-split").textContent =
-        formatSplit(rec.split) + " = " + fmtInt(rec.per_rank_batch_size) + " samples a step" +
-        (rec.world_size > 1 ? " on each of " + rec.world_size + " ranks" : "");
-      field("calc-split").dataset.split = JSON.stringify(rec.split);
-      let peak = fmtBytes(rec.expected_peak_bytes);
-      if (rec.expected_headroom_bytes !== null) peak += " (" + fmtBytes(rec.expected_headroom_bytes) + " free)";
-      field("calc-peak").textContent = peak;
-      field("calc-speed").textContent =
-        rec.expected_samples_per_second === null ? "not measured" : fmtRate(rec.expected_samples_per_second);
-      let basis = rec.basis + ", from profile #" + rec.profile_id;
-      if (String(rec.profile_id) !== form.dataset.profileId) basis += " (the newest of this workload and device)";
-      if (rec.oom_limit !== null) basis += "; kept below the OOM reported at " + rec.oom_limit;
-      field("calc-basis").textContent = basis;
-      field("calc-reason").textContent = rec.reason;
-      result.hidden = false;
-      form.dataset.state = "done";
-    }
-
-    async function compute() {
-      if (form.dataset.disabled) return;
-      const params = new URLSearchParams({
-        workload: form.dataset.workload,
-        device: form.dataset.device,
-        global_batch_size: field("calc-global").value.trim(),
-        world_size: field("calc-world").value.trim(),
-        policy: field("calc-policy").value,
-      });
-      if (!params.get("global_batch_size") || !params.get("world_size")) {
-        showError("Give a global batch size and a world size.");
-        return;
-      }
-      const mine = ++sequence;
-      form.dataset.state = "busy";
-      try {
-        const rec = await getJson("/api/v1/recommendation?" + params.toString());
-        if (mine === sequence) show(rec);
-      } catch (err) {
-        if (mine === sequence) showError(err.message);
-      }
-    }
-
-    form.addEventListener("submit", (event) => {
-      event.preventDefault();
-      clearTimeout(timer);
-      compute();
-    });
-    form.addEventListener("input", () => {
-      clearTimeout(timer);
-      timer = setTimeout(compute, 300);
-    });
-    form.addEventListener("change", () => {
-      clearTimeout(timer);
-      compute();
-    });
-    compute();
   }
 
   /* An htmx request that fails is said so on the page, never dropped silently. */
@@ -438,11 +366,33 @@
     });
   }
 
-  window.tunerFormat = { fmtBytes, fmtRate, formatSplit };
+  /* A table wider than the screen scrolls sideways; a line above it says so, while it
+     does (re-checked when the window changes size, and after htmx swaps a part). */
+  function hintWideTables() {
+    for (const wrap of document.querySelectorAll(".table-wrap")) {
+      const wide = wrap.scrollWidth > wrap.clientWidth + 1;
+      let hint = wrap.previousElementSibling;
+      if (!(hint && hint.classList.contains("scroll-hint"))) hint = null;
+      if (wide && !hint) {
+        hint = document.createElement("p");
+        hint.className = "scroll-hint";
+        hint.textContent = "Scroll sideways for more columns →";
+        wrap.parentNode.insertBefore(hint, wrap);
+      } else if (!wide && hint) {
+        hint.remove();
+      }
+      if (wide) wrap.dataset.scrolls = "true";
+      else delete wrap.dataset.scrolls;
+    }
+  }
+
+  window.tunerFormat = { fmtBytes, fmtRate };
 
   function start() {
+    hintWideTables();
+    window.addEventListener("resize", hintWideTables);
+    document.body.addEventListener("htmx:afterSettle", hintWideTables);
     reportHtmxErrors();
-    initCalculator();
     initCharts();
   }
 

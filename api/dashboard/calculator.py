@@ -1,0 +1,82 @@
+"""The calculator: a recommendation question read from a page's query string, answered by
+the recommendation route's own code.
+
+The page asks :func:`api.routes.recommendation.cached_or_computed` (what
+``GET /api/v1/recommendation`` calls, its cache included) and shows the JSON that route
+sends, parsed: the dashboard derives nothing of its own, so what a page shows and what a
+training job receives for the same question cannot differ. A refusal is the route's own
+message, the same one its 422, 404 or 409 carries.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import Request
+from pydantic import ValidationError
+
+from api.deps import current_generation
+from api.errors import STATUS_BY_CODE, describe_invalid
+from api.routes.recommendation import QUESTION_ORDER, cached_or_computed
+from api.schemas.recommendation import RecommendationQuery
+from tuner.core import plan
+from tuner.core.errors import TunerError
+from tuner.core.parallel import PARALLEL_MODES
+
+# What the calculator's form asks, named as the API's query parameters are, so that the
+# page's URL carries the question and the API answers the same query string.
+QUESTION_FIELDS = tuple(name for name in QUESTION_ORDER if name not in ("tokens_per_micro_batch",))
+POLICIES = plan.POLICIES
+MODES = PARALLEL_MODES
+DEFAULT_GLOBAL_BATCH = 256
+
+
+@dataclass(frozen=True)
+class Calculation:
+    """A question as the form shows it, and the route's answer or refusal."""
+
+    question: dict[str, str]
+    answer: dict[str, Any] | None = None
+    error: str | None = None
+    status: int = 200  # the status GET /api/v1/recommendation gives this question
+
+    @property
+    def query_string(self) -> str:
+        """The question as the API's query string (empty fields left out)."""
+        return urlencode({k: v for k, v in self.question.items() if v != ""})
+
+
+def default_global_batch(max_micro_batch_size: int, world_size: int) -> int:
+    """A global batch worth asking first: 256, or four of the largest micro batches when
+    that is more, rounded up to a multiple of the world size so the question is valid."""
+    wanted = max(DEFAULT_GLOBAL_BATCH, 4 * max_micro_batch_size)
+    return -(-wanted // world_size) * world_size
+
+
+def read_question(params: Mapping[str, str], defaults: Mapping[str, str]) -> dict[str, str]:
+    """The form's fields: each as the query string gives it, else its default."""
+    question = {name: str(defaults.get(name, "")) for name in QUESTION_FIELDS}
+    for name in QUESTION_FIELDS:
+        if name in params:
+            question[name] = params[name].strip()
+    return question
+
+
+async def calculate(request: Request, question: dict[str, str]) -> Calculation:
+    """Ask the recommendation route's own code; parse the JSON it sends."""
+    asked = {name: value for name, value in question.items() if value != ""}
+    try:
+        query = RecommendationQuery.model_validate(asked)
+    except ValidationError as exc:
+        message, _ = describe_invalid(exc.errors(), location=("query",))
+        return Calculation(question, error=message, status=422)
+    try:
+        answer = await cached_or_computed(request.app.state, query, current_generation(request))
+    except TunerError as exc:
+        return Calculation(question, error=exc.message, status=STATUS_BY_CODE.get(exc.code, 400))
+    document: dict[str, Any] = json.loads(answer.body())
+    return Calculation(question, answer=document)
