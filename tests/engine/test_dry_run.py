@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn import functional as F
 
 from tests.engine.limits import limit_with_m_star
@@ -126,3 +127,32 @@ def test_a_workload_across_ranks_has_no_dry_run() -> None:
     with DryRun(workload, CpuBackend(2**30), headroom=0.05) as dry:
         assert not dry.available
         assert dry(1) is None
+
+
+class MaskedMlp(nn.Module):
+    """A model that keeps a tensor as a plain attribute, neither parameter nor buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 8)
+        self.mask = torch.ones(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.layer(x) * self.mask
+        return out
+
+
+def test_the_fake_copy_holds_no_real_tensor_of_the_model() -> None:
+    model = MaskedMlp()
+    workload = Workload(
+        model=model,
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+        make_batch=lambda n: torch.randn(n, 8),
+        loss_fn=lambda m, x: m(x).square().mean(),
+    )
+    with DryRun(workload, CpuBackend(2**30), headroom=0.05) as dry:
+        assert dry(3) is not None
+        replica = dry._prober.model  # type: ignore[union-attr]
+        assert isinstance(replica.mask, FakeTensor)
+        assert all(isinstance(p, FakeTensor) for p in replica.parameters())
+    assert type(model.mask) is torch.Tensor

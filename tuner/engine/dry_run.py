@@ -176,8 +176,17 @@ def fake_replica(workload: Workload, mode: FakeTensorMode) -> Workload:
         if isinstance(tensor, nn.Parameter):
             fake = nn.Parameter(fake, requires_grad=tensor.requires_grad)
         fakes[id(tensor)] = fake
+    memo: dict[int, Any] = dict(fakes)
+    # Tensors kept as plain attributes (a mask, a table) are faked too: a real copy of them
+    # would hold device memory beside the probes for as long as the dry run lives.
+    for module in workload.model.modules():
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor) and id(value) not in memo:
+                memo[id(value)] = (
+                    value if isinstance(value, FakeTensor) else mode.from_tensor(value)
+                )
     # deepcopy's memo maps each real tensor to its fake: no real tensor is copied.
-    model = copy.deepcopy(workload.model, dict(fakes))
+    model = copy.deepcopy(workload.model, memo)
     return dataclasses.replace(
         workload,
         model=model,
