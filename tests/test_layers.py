@@ -249,7 +249,9 @@ def test_an_upward_import_in_a_temporary_module_is_found(
             {
                 "api/one.py": "import api.two\n",
                 "api/two.py": "from . import three\n",
-                "api/three.py": "import typing\nif typing.TYPE_CHECKING:\n    from api.one import x\n",
+                "api/three.py": (
+                    "import typing\nif typing.TYPE_CHECKING:\n    from api.one import x\n"
+                ),
             },
             "api.one <-> api.three <-> api.two import each other",
         ),
