@@ -13,7 +13,7 @@ from api.access_log import TOKEN_NAME
 from api.cache import GenerationCache, SingleFlight
 from api.config import ServiceSettings
 from api.db import Database
-from api.rate_limits import WriteLimiter
+from api.limits import WriteLimiter
 from api.security import (
     ANONYMOUS_READER,
     TOUCH_INTERVAL,
