@@ -42,7 +42,7 @@ from api.db import Database
 from api.deps import TOKEN_COOKIE, DatabaseDep, ReadAccess, SettingsDep
 from api.errors import STATUS_BY_CODE
 from api.schemas.common import INT32_MAX
-from api.security import authenticate
+from api.store.tokens import authenticate
 from tuner.core.errors import AuthenticationError, BadInputError, TunerError
 from tuner.core.results import OUTSIDE_BLOCKS
 
