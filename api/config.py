@@ -9,7 +9,7 @@ from platformdirs import user_data_path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from api.rate_limits import parse_rate
+from api.limits import parse_rate
 
 
 def default_database_url() -> str:

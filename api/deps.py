@@ -13,16 +13,9 @@ from api.access_log import TOKEN_NAME
 from api.cache import GenerationCache, SingleFlight
 from api.config import ServiceSettings
 from api.db import Database
-from api.rate_limits import WriteLimiter
-from api.security import (
-    ANONYMOUS_READER,
-    TOUCH_INTERVAL,
-    Principal,
-    authenticate,
-    digest,
-    require_scope,
-    touch_token,
-)
+from api.limits import WriteLimiter
+from api.security import ANONYMOUS_READER, TOUCH_INTERVAL, Principal, digest, require_scope
+from api.store.tokens import authenticate, touch_token
 from tuner.core.errors import AuthenticationError
 
 TOKEN_COOKIE = "tuner_token"

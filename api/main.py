@@ -14,8 +14,7 @@ from api.config import ServiceSettings
 from api.dashboard.routes import install as install_dashboard
 from api.db import Database
 from api.errors import install_error_handlers
-from api.limits import BodySizeLimit
-from api.rate_limits import WriteLimiter
+from api.limits import BodySizeLimit, WriteLimiter
 from api.routes import (
     devices,
     health,

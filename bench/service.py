@@ -103,7 +103,7 @@ def fill_store(url: str, *, workloads: int, devices: int, history: int) -> tuple
 
     from api import migrate, models
     from api.db import Database
-    from api.security import create_token
+    from api.store.tokens import create_token
 
     migrate.upgrade(url)
     database = Database(url)

@@ -1,8 +1,8 @@
 """Imports go down only: each package of ``tuner`` and the service may import the packages
 below it and nothing above (``cli`` and ``worker`` may use everything beneath them; the
-core imports nothing of ours). Checked on the source with ``ast``, lazy imports inside
-functions and ``TYPE_CHECKING`` blocks included, so a forbidden import fails here even
-when no test happens to execute it."""
+core imports nothing of ours), and no two modules import each other, however indirectly.
+Checked on the source with ``ast``, lazy imports inside functions and ``TYPE_CHECKING``
+blocks included, so a forbidden import fails here even when no test happens to execute it."""
 
 from __future__ import annotations
 
@@ -89,8 +89,85 @@ def violations(root: Path) -> list[str]:
     return found
 
 
+# Where import circles are looked for: the product and the benchmarks beside it.
+CYCLE_ROOTS = ("tuner", "api", "bench")
+
+
+def import_graph(root: Path) -> dict[str, dict[str, int]]:
+    """Each module under ``CYCLE_ROOTS`` → the modules of ours it imports, with a line.
+
+    ``from a.b import c`` names the module ``a.b.c`` when there is one, else ``a.b`` (``c``
+    is a name inside it). Importing ``a.b.c`` also runs the package ``a.b``'s
+    ``__init__``, but that is not counted as an import of it: a package that re-exports its
+    modules would otherwise be a circle with each of them.
+    """
+    paths = {
+        _module_name(path, root): path
+        for package in CYCLE_ROOTS
+        for path in sorted(root.glob(f"{package}/**/*.py"))
+    }
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        edges = graph.setdefault(module, {})
+        for line, target in _imported(tree, module, path.name == "__init__.py"):
+            while target and target not in paths:
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                edges.setdefault(target, line)
+    return graph
+
+
+def import_cycles(root: Path) -> list[str]:
+    """One line per circle (a strongly connected set of two or more modules), naming its
+    modules and every import that closes it, with file and line."""
+    graph = import_graph(root)
+    order: dict[str, int] = {}
+    lowest: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        order[module] = lowest[module] = len(order)
+        stack.append(module)
+        for target in graph[module]:
+            if target not in order:
+                visit(target)
+                lowest[module] = min(lowest[module], lowest[target])
+            elif target in stack:
+                lowest[module] = min(lowest[module], order[target])
+        if lowest[module] == order[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in graph:
+        if module not in order:
+            visit(module)
+    found = []
+    for circle in sorted(circles):
+        imports = [
+            f"{source.replace('.', '/')}.py:{line} imports {target}"
+            for source in circle
+            for target, line in sorted(graph[source].items())
+            if target in circle
+        ]
+        found.append(f"{' <-> '.join(circle)} import each other: {'; '.join(imports)}")
+    return found
+
+
 def test_no_package_imports_one_above_it() -> None:
     assert violations(REPO_ROOT) == []
+
+
+def test_no_modules_import_each_other() -> None:
+    circles = import_cycles(REPO_ROOT)
+    assert circles == [], "\n".join(circles)
 
 
 def test_every_module_belongs_to_a_package() -> None:
@@ -154,6 +231,47 @@ def test_an_upward_import_in_a_temporary_module_is_found(
     assert len(found) == 1, found
     assert found[0].startswith(f"{module}:")
     assert expected in found[0]
+
+
+@pytest.mark.parametrize(
+    ("sources", "expected"),
+    [
+        (
+            {
+                "tuner/engine/first.py": "from tuner.engine.second import b\n",
+                "tuner/engine/second.py": "def b():\n    from tuner.engine import first\n",
+            },
+            "tuner.engine.first <-> tuner.engine.second import each other: "
+            "tuner/engine/first.py:1 imports tuner.engine.second; "
+            "tuner/engine/second.py:2 imports tuner.engine.first",
+        ),
+        (
+            {
+                "api/one.py": "import api.two\n",
+                "api/two.py": "from . import three\n",
+                "api/three.py": (
+                    "import typing\nif typing.TYPE_CHECKING:\n    from api.one import x\n"
+                ),
+            },
+            "api.one <-> api.three <-> api.two import each other",
+        ),
+    ],
+)
+def test_modules_that_import_each_other_are_found(
+    tree_copy: Path, sources: dict[str, str], expected: str
+) -> None:
+    assert import_cycles(tree_copy) == []
+    for module, source in sources.items():
+        (tree_copy / module).write_text(source)
+    found = import_cycles(tree_copy)
+    assert len(found) == 1, found
+    assert found[0].startswith(expected)
+
+
+def test_a_module_importing_its_own_package_is_no_circle(tree_copy: Path) -> None:
+    (tree_copy / "tuner/engine/fine.py").write_text("from tuner.engine import probe\n")
+    (tree_copy / "tuner/engine/__init__.py").write_text("from tuner.engine.fine import x\n")
+    assert import_cycles(tree_copy) == []
 
 
 def test_downward_and_relative_imports_inside_a_package_are_allowed(tree_copy: Path) -> None:

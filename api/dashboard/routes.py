@@ -43,7 +43,8 @@ from api.db import Database
 from api.deps import TOKEN_COOKIE, DatabaseDep, ReadAccess, SettingsDep, authorize
 from api.errors import STATUS_BY_CODE
 from api.schemas.common import INT32_MAX
-from api.security import Principal, authenticate
+from api.security import Principal
+from api.store.tokens import authenticate
 from tuner.core.errors import AuthenticationError, BadInputError, TunerError
 from tuner.core.results import OUTSIDE_BLOCKS
 

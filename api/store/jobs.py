@@ -29,8 +29,9 @@ from api.security import Principal
 from api.store.idempotency import insert_once, replayed, request_digest
 from api.store.paging import keyset_page
 from api.store.profiles import add_profile, upsert_device
+from api.store.rows import get_or_404
 from tuner.core import results
-from tuner.core.errors import BadInputError, ConflictError, NotFoundError, PermissionDeniedError
+from tuner.core.errors import BadInputError, ConflictError, PermissionDeniedError
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,12 @@ def register_worker(
 
 
 def get_worker(session: Session, worker_id: int) -> models.Worker:
-    worker = session.get(models.Worker, worker_id)
-    if worker is None:
-        raise NotFoundError(
-            f"no worker with id {worker_id}: register again with POST /api/v1/workers"
-        )
-    return worker
+    return get_or_404(
+        session,
+        models.Worker,
+        worker_id,
+        missing="no worker with id {id}: register again with POST /api/v1/workers",
+    )
 
 
 def list_workers(session: Session) -> list[models.Worker]:
@@ -144,11 +145,11 @@ def create_job(
     return insert_once(session, job, key=key, replay=replay)
 
 
+_NO_JOB = "no job with id {id}; GET /api/v1/jobs lists them"
+
+
 def get_job(session: Session, job_id: int) -> models.Job:
-    job = session.get(models.Job, job_id)
-    if job is None:
-        raise NotFoundError(f"no job with id {job_id}; GET /api/v1/jobs lists them")
-    return job
+    return get_or_404(session, models.Job, job_id, missing=_NO_JOB)
 
 
 def list_jobs(session: Session, query: JobQuery) -> tuple[list[models.Job], int, str | None]:
@@ -262,14 +263,7 @@ def job_ranks(job: models.Job) -> int:
 def _held(session: Session, job_id: int, lease_id: str, caller: Principal) -> models.Job:
     """The job, its row locked, if ``lease_id`` is its current and unexpired lease and
     ``caller`` acts for the worker that holds it."""
-    job = session.scalar(
-        select(models.Job)
-        .where(models.Job.id == job_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    )
-    if job is None:
-        raise NotFoundError(f"no job with id {job_id}; GET /api/v1/jobs lists them")
+    job = get_or_404(session, models.Job, job_id, missing=_NO_JOB, lock=True)
     holder = session.get(models.Worker, job.worker_id) if job.worker_id is not None else None
     if holder is not None:
         check_acts_for(holder, caller)

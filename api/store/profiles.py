@@ -30,9 +30,10 @@ from api.store.names import (
     newest_profile_statement,
 )
 from api.store.paging import keyset_page
+from api.store.rows import get_or_404
 from api.store.variants import variant_columns, variant_fields
 from tuner.core import results
-from tuner.core.errors import ConflictError, NotFoundError
+from tuner.core.errors import ConflictError
 from tuner.core.parallel import Parallel
 
 Keyed = TypeVar("Keyed", models.Device, models.Workload)
@@ -156,17 +157,21 @@ def create_workload(
 
 
 def get_device(session: Session, device_id: int) -> models.Device:
-    device = session.get(models.Device, device_id)
-    if device is None:
-        raise NotFoundError(f"no device with id {device_id}: GET /api/v1/devices lists them")
-    return device
+    return get_or_404(
+        session,
+        models.Device,
+        device_id,
+        missing="no device with id {id}: GET /api/v1/devices lists them",
+    )
 
 
 def get_workload(session: Session, workload_id: int) -> models.Workload:
-    workload = session.get(models.Workload, workload_id)
-    if workload is None:
-        raise NotFoundError(f"no workload with id {workload_id}: GET /api/v1/workloads lists them")
-    return workload
+    return get_or_404(
+        session,
+        models.Workload,
+        workload_id,
+        missing="no workload with id {id}: GET /api/v1/workloads lists them",
+    )
 
 
 def list_devices(
@@ -500,10 +505,12 @@ def _matching(
 
 
 def get_profile(session: Session, profile_id: int) -> models.Profile:
-    row = session.get(models.Profile, profile_id)
-    if row is None:
-        raise NotFoundError(f"no profile with id {profile_id}: GET /api/v1/profiles lists them")
-    return row
+    return get_or_404(
+        session,
+        models.Profile,
+        profile_id,
+        missing="no profile with id {id}: GET /api/v1/profiles lists them",
+    )
 
 
 def list_profiles(

@@ -17,7 +17,7 @@ from api import migrate
 from api.config import ServiceSettings
 from api.db import Database
 from api.main import create_app
-from api.security import create_token
+from api.store.tokens import create_token
 from tests.services import ServerThread, throwaway_postgres
 
 

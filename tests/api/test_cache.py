@@ -18,9 +18,10 @@ import api.deps
 import api.routes.recommendation as recommendation_route
 from api.cache import GenerationCache
 from api.db import Database
-from api.security import Principal, authenticate, list_tokens, revoke_token
+from api.security import Principal
 from api.store.generation import DirectReader, mark_changed
 from api.store.profiles import add_profile
+from api.store.tokens import authenticate, list_tokens, revoke_token
 from tests.api.conftest import make_token
 from tests.api.documents import sample_profile
 

@@ -252,3 +252,22 @@ def test_profile_upload_in_process_prints_the_id(
     captured = capsys.readouterr()
     assert "largest micro batch that fits: 8" in captured.out  # still shown
     assert "the profile was not uploaded: unknown token" in captured.err
+
+
+def test_profile_seq_lens_upload_refused_still_prints_every_length(
+    service: ServerThread,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--seq-lens goes through the plain profile's steps: a refused upload keeps the
+    measurements on screen, says so in one line and exits 1."""
+    monkeypatch.setenv("TUNER_URL", service.url)
+    monkeypatch.setenv("TUNER_TOKEN", "mbt_unknown")
+    gpt = ["examples.gpt:workload", "-o", "vocab=64", "-o", "dim=16", "-o", "layers=1",
+           "-o", "heads=2", "--device", "cpu", "--memory-limit", "1MiB"]  # fmt: skip
+    status = main(["profile", *gpt, "--seq-lens", "16,32", "--upload"])
+    assert status == 1
+    captured = capsys.readouterr()
+    assert "Sequence lengths (measured)" in captured.out
+    assert "uploaded as" not in captured.out + captured.err
+    assert "the profiles were not uploaded: unknown token" in captured.err

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from api.db import Database
-from api.security import list_tokens, revoke_token
+from api.store.tokens import list_tokens, revoke_token
 from tests.api.documents import sample_profile
 from tests.dashboard.conftest import Tab, signed_in
 from tests.dashboard.data import store

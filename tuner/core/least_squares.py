@@ -1,6 +1,6 @@
-"""Weighted linear least squares for the few-parameter memory fits (across world sizes,
-across sequence lengths), in plain Python: the core stays free of numpy, which the
-service image does not carry.
+"""Weighted linear least squares for every memory fit of the core (the affine fit of one
+profile, the fits across world sizes and across sequence lengths), in plain Python: the
+core stays free of numpy, which the service image does not carry.
 
     minimise  Σₖ wₖ · (yₖ − Σᵢ θᵢ·xₖᵢ)²   ⇔   (Xᵀ W X) θ = Xᵀ W y
 """

@@ -9,6 +9,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
+from tuner.core.least_squares import fit_linear
 from tuner.core.parallel import Parallel
 
 # A workload option's value, as `-o name=value` parses it.
@@ -159,17 +160,21 @@ class AffineFit(_Frozen):
 
     @classmethod
     def through(cls, points: Sequence[tuple[int, int]]) -> AffineFit | None:
-        """Fit ``(micro_batch_size, footprint_bytes)`` points; ``None`` below two distinct sizes."""
+        """Fit ``(micro_batch_size, footprint_bytes)`` points; ``None`` below two distinct sizes.
+
+        Ordinary least squares (:func:`tuner.core.least_squares.fit_linear`, equal weights)
+        over the sizes centred on their mean ``m̄``, ``footprint ≈ level + slope·(m − m̄)``,
+        which keeps the normal equations well conditioned; ``fixed = level − slope·m̄``.
+        """
         sizes = {m for m, _ in points}
         if len(sizes) < 2:
             return None
         n = len(points)
         mean_m = sum(m for m, _ in points) / n
-        mean_y = sum(y for _, y in points) / n
-        var = sum((m - mean_m) ** 2 for m, _ in points)
-        cov = sum((m - mean_m) * (y - mean_y) for m, y in points)
-        slope = cov / var
-        return cls(fixed_bytes=mean_y - slope * mean_m, bytes_per_sample=slope, points=n)
+        level, slope = fit_linear(
+            [(1.0, m - mean_m) for m, _ in points], [y for _, y in points], [1.0] * n
+        )
+        return cls(fixed_bytes=level - slope * mean_m, bytes_per_sample=slope, points=n)
 
 
 class WorkloadInfo(_Frozen):

@@ -27,48 +27,20 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import time
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
-from tuner.core.errors import BadInputError, RankFailedError, WorkloadError
+from tuner.core.errors import BadInputError, RankFailedError
 from tuner.core.parallel import Parallel
 from tuner.core.results import DeviceInfo, ProbeResult, ProbeSettings, Profile, WorkloadInfo
 from tuner.core.units import format_bytes
 from tuner.engine.dry_run import dry_run_of_target
-from tuner.engine.profiler import ProbeObserver, build_profile, validate_search_settings
+from tuner.engine.outcome import ProbeObserver, build_profile, validate_search_settings
+from tuner.engine.rank import PROBE_TIMEOUT_S, RankReady, RankRequest, rank_main
 from tuner.engine.search import run_search
 
 READY_TIMEOUT_S = 600.0
-PROBE_TIMEOUT_S = 1800.0
-
-
-@dataclass(frozen=True)
-class RankRequest:
-    """What every rank needs to set itself up: picklable, so it crosses ``spawn``."""
-
-    target: str
-    options: Mapping[str, Any]
-    device: str
-    memory_limit_bytes: int | None
-    world_size: int
-    parallel: Parallel
-    headroom: float
-    settings: ProbeSettings
-    port: int
-
-
-@dataclass(frozen=True)
-class RankReady:
-    """Rank 0's description of the run, sent once it is set up."""
-
-    workload_key: str
-    device_key: str
-    workload_info: dict[str, Any]
-    device_info: dict[str, Any]
-    budget_bytes: int
 
 
 def check_world_size(device: str, world_size: int, memory_limit_bytes: int | None) -> None:
@@ -119,8 +91,6 @@ class RankGroup:
     pipes: list[multiprocessing.connection.Connection] = field(default_factory=list)
 
     def start(self) -> RankReady:
-        from tuner.engine.rank import rank_main
-
         context = multiprocessing.get_context("spawn")
         request = dataclasses.replace(self.request, port=_free_port())
         for rank in range(request.world_size):
@@ -287,18 +257,6 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def rank_error(exc: BaseException) -> tuple[str, str]:
-    """What a rank sends back for an exception that is not an out-of-memory."""
-    if isinstance(exc, BadInputError | WorkloadError):
-        return "bad_input", exc.message
-    return "error", "".join(traceback.format_exception(exc)).rstrip()
-
-
-# Collectives give up after this long, so a rank is never stuck for ever, even when the
-# coordinator is killed before it can end the ranks.
-PROCESS_GROUP_TIMEOUT = timedelta(seconds=PROBE_TIMEOUT_S)
 
 
 def profile_distributed(

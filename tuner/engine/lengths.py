@@ -46,12 +46,8 @@ from tuner.core.lengths import boundary_points, fit_length_profiles, fit_lengths
 from tuner.core.results import ProbeSettings, Profile
 from tuner.engine.backends import Backend
 from tuner.engine.fingerprint import length_family_key, workload_document
-from tuner.engine.profiler import (
-    DEFAULT_HEADROOM,
-    DEFAULT_SIZE_CAP,
-    ProbeObserver,
-    profile_workload,
-)
+from tuner.engine.outcome import DEFAULT_HEADROOM, DEFAULT_SIZE_CAP, ProbeObserver
+from tuner.engine.profiler import profile_workload
 from tuner.engine.search import PredictFn, ProbeFn, SearchOutcome, hinted_search, run_search
 from tuner.engine.workload import Workload, load_workload
 

@@ -3,7 +3,9 @@
 Runs in a process of its own (started by :mod:`tuner.engine.launch`). It joins the
 process group, loads the workload by target, moves it to its device, wraps it for the
 declared parallel mode and answers each ``("probe", size)`` with its own
-:class:`ProbeResult`, until ``("stop", 0)`` or the pipe closes.
+:class:`ProbeResult`, until ``("stop", 0)`` or the pipe closes. What it receives
+(:class:`RankRequest`) and sends (:class:`RankReady`, :func:`rank_error`) is defined here,
+beside the code that reads and writes it; the coordinator imports it.
 """
 
 from __future__ import annotations
@@ -11,9 +13,56 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.connection
 import os
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-from tuner.engine.launch import PROCESS_GROUP_TIMEOUT, RankReady, RankRequest, rank_error
+from tuner.core.errors import BadInputError, WorkloadError
+from tuner.core.parallel import Parallel
+from tuner.core.results import ProbeSettings
+
+# The longest a probe may take: the coordinator waits this long for every rank (by default).
+PROBE_TIMEOUT_S = 1800.0
+
+
+def rank_error(exc: BaseException) -> tuple[str, str]:
+    """What a rank sends back for an exception that is not an out-of-memory."""
+    if isinstance(exc, BadInputError | WorkloadError):
+        return "bad_input", exc.message
+    return "error", "".join(traceback.format_exception(exc)).rstrip()
+
+
+# Collectives give up after this long, so a rank is never stuck for ever, even when the
+# coordinator is killed before it can end the ranks.
+PROCESS_GROUP_TIMEOUT = timedelta(seconds=PROBE_TIMEOUT_S)
+
+
+@dataclass(frozen=True)
+class RankRequest:
+    """What every rank needs to set itself up: picklable, so it crosses ``spawn``."""
+
+    target: str
+    options: Mapping[str, Any]
+    device: str
+    memory_limit_bytes: int | None
+    world_size: int
+    parallel: Parallel
+    headroom: float
+    settings: ProbeSettings
+    port: int
+
+
+@dataclass(frozen=True)
+class RankReady:
+    """Rank 0's description of the run, sent once it is set up."""
+
+    workload_key: str
+    device_key: str
+    workload_info: dict[str, Any]
+    device_info: dict[str, Any]
+    budget_bytes: int
 
 
 def rank_main(rank: int, request: RankRequest, conn: multiprocessing.connection.Connection) -> None:
@@ -46,8 +95,8 @@ def rank_main(rank: int, request: RankRequest, conn: multiprocessing.connection.
 def _serve(rank: int, request: RankRequest, conn: multiprocessing.connection.Connection) -> None:
     from tuner.engine.backends import make_backend
     from tuner.engine.fingerprint import device_key, workload_key
+    from tuner.engine.outcome import workload_info
     from tuner.engine.probe import Prober
-    from tuner.engine.profiler import workload_info
     from tuner.engine.workload import load_workload
 
     device = f"cuda:{rank}" if request.device.startswith("cuda") else "cpu"

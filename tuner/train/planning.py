@@ -46,12 +46,8 @@ from tuner.core.errors import (
 from tuner.core.results import Profile
 from tuner.engine.backends import Backend, make_backend
 from tuner.engine.fingerprint import device_key, workload_key
-from tuner.engine.profiler import (
-    DEFAULT_HEADROOM,
-    DEFAULT_SIZE_CAP,
-    nothing_fits_advice,
-    profile_workload,
-)
+from tuner.engine.outcome import DEFAULT_HEADROOM, DEFAULT_SIZE_CAP
+from tuner.engine.profiler import nothing_fits_advice, profile_workload
 from tuner.engine.workload import Workload
 
 Missing = Literal["profile", "queue", "fail"]

@@ -1,6 +1,8 @@
 """``tuner profile TARGET --seq-lens 256,512,1024``: one workload at several sequence
 lengths in one search (:func:`tuner.engine.lengths.profile_lengths`), a profile per length
-stored as one family, and the fit across lengths that answers the lengths between."""
+stored as one family, and the fit across lengths that answers the lengths between. The
+steps around it (device, client, failures, upload, exit status) are ``tuner profile``'s
+own (:func:`tuner.cli.commands.profile.run`)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from tuner.cli.commands._args import EXIT_FAILED, EXIT_NOTHING_FITS, EXIT_OK
-from tuner.core.errors import BadInputError, TunerError
+from tuner.core.errors import BadInputError
 from tuner.core.lengths import EXTRAPOLATION, SHORTEST_FRACTION, LengthFit, fit_length_profiles
 from tuner.core.reports import LengthsReport, ProfileReport
 from tuner.core.units import format_bytes
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from tuner.cli.display import LiveProgress
     from tuner.core.plan import Recommendation
     from tuner.core.results import Profile
+    from tuner.engine.backends import Backend
 
 
 def seq_lens(text: str) -> list[int]:
@@ -51,37 +53,39 @@ def check_combinations(args: argparse.Namespace) -> None:
         )
 
 
-def run_lengths(args: argparse.Namespace, stderr: Console) -> int:
-    """Profile, store, print; the exit status follows ``tuner profile``'s."""
-    check_combinations(args)
+class Lengths:
+    """The workload at each of ``--seq-lens``: a profile per length, the fit across them.
+    One step of :func:`tuner.cli.commands.profile.run`'s pipeline each, as the plain
+    profile's are."""
 
-    import torch  # here, not at module level: `tuner --help` stays fast
+    subject = "the profiles were"
 
-    from tuner.cli.commands.profile import report_upload, workload_failed
-    from tuner.cli.display import LiveProgress
-    from tuner.client import TunerClient
-    from tuner.core.plan import recommend
-    from tuner.core.results import ProbeSettings
-    from tuner.engine.backends import make_backend
-    from tuner.engine.lengths import check_seq_lens, profile_lengths, target_builder
-    from tuner.engine.profiler import nothing_fits_advice
-    from tuner.engine.workload import parse_options
+    def __init__(self, args: argparse.Namespace) -> None:
+        from tuner.engine.lengths import check_seq_lens, target_builder
+        from tuner.engine.workload import parse_options
 
-    lengths = check_seq_lens(args.seq_lens)
-    build = target_builder(args.target, parse_options(args.option))
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    backend = make_backend(device, memory_limit_bytes=args.memory_limit)
-    client = TunerClient() if args.upload else None  # before probing: a missing URL costs none
+        self.args = args
+        self.lengths = check_seq_lens(args.seq_lens)
+        self.build = target_builder(args.target, parse_options(args.option))
 
-    def observe(seq_len: int) -> LiveProgress:
-        stderr.print(f"seq_len {seq_len}: profiling ...", highlight=False)
-        return LiveProgress(stderr)
+    def load(self, backend: Backend) -> None:
+        self.backend = backend  # each length's workload is loaded as it is profiled
 
-    try:
-        profiles = profile_lengths(
-            build,
-            lengths,
-            backend,
+    def measure(self, stderr: Console) -> None:
+        from tuner.cli.display import LiveProgress
+        from tuner.core.results import ProbeSettings
+        from tuner.engine.lengths import profile_lengths
+
+        args = self.args
+
+        def observe(seq_len: int) -> LiveProgress:
+            stderr.print(f"seq_len {seq_len}: profiling ...", highlight=False)
+            return LiveProgress(stderr)
+
+        self.profiles = profile_lengths(
+            self.build,
+            self.lengths,
+            self.backend,
             headroom=args.headroom,
             strategy=args.strategy,
             size_cap=args.size_cap,
@@ -90,48 +94,46 @@ def run_lengths(args: argparse.Namespace, stderr: Console) -> int:
             world_size=args.world_size,
             report=lambda line: stderr.print(line, highlight=False, markup=False),
         )
-    except TunerError:
-        raise
-    except Exception:
-        return workload_failed(stderr, args.target)
 
-    plans: list[Recommendation | None] = [
-        recommend(
-            max_micro_batch_size=p.max_micro_batch_size,
-            probes=p.probes,
-            global_batch_size=args.global_batch_size,
-            world_size=args.world_size,
+    def settle(self) -> list[Profile]:
+        from tuner.core.plan import recommend
+
+        args = self.args
+        self.plans: list[Recommendation | None] = [
+            recommend(
+                max_micro_batch_size=p.max_micro_batch_size,
+                probes=p.probes,
+                global_batch_size=args.global_batch_size,
+                world_size=args.world_size,
+            )
+            if p.max_micro_batch_size and args.global_batch_size is not None
+            else None
+            for p in self.profiles
+        ]
+        self.fit, self.no_fit = _fit(self.profiles)
+        return self.profiles
+
+    def write(self, ids: list[int], *, json_output: bool) -> None:
+        if json_output:
+            document = _document(self.profiles, self.plans, self.fit, ids).document()
+            sys.stdout.write(json.dumps(document) + "\n")
+        else:
+            print_lengths(
+                Console(), self.profiles, self.plans, self.fit, self.no_fit, stored=bool(ids)
+            )
+
+    def stored(self, ids: list[int]) -> str:
+        return f"profiles {', '.join(map(str, ids))}"
+
+    def nothing_fits(self) -> str | None:
+        from tuner.engine.profiler import nothing_fits_advice
+
+        if any(p.max_micro_batch_size for p in self.profiles):
+            return None
+        shortest = self.profiles[0]
+        return nothing_fits_advice(
+            shortest, self.build(shortest.workload.seq_len or self.lengths[0])
         )
-        if p.max_micro_batch_size and args.global_batch_size is not None
-        else None
-        for p in profiles
-    ]
-    fit, no_fit = _fit(profiles)
-    uploaded: list[int] = []
-    upload_error = None
-    if client is not None:
-        with client:
-            try:
-                uploaded = [client.upload_profile(p).id for p in profiles]
-            except TunerError as exc:
-                upload_error = exc  # the profiles are still printed: the probing is kept
-    if args.json:
-        document = _document(profiles, plans, fit, uploaded).document()
-        sys.stdout.write(json.dumps(document) + "\n")
-    else:
-        print_lengths(Console(), profiles, plans, fit, no_fit, stored=bool(uploaded))
-    stored = f"profiles {', '.join(map(str, uploaded))}" if uploaded else None
-    if not report_upload(stderr, client, stored, upload_error, "the profiles were", args.json):
-        return EXIT_FAILED
-    if not any(p.max_micro_batch_size for p in profiles):
-        shortest = profiles[0]
-        stderr.print(
-            nothing_fits_advice(shortest, build(shortest.workload.seq_len or lengths[0])),
-            highlight=False,
-            markup=False,
-        )
-        return EXIT_NOTHING_FITS
-    return EXIT_OK
 
 
 def _fit(profiles: list[Profile]) -> tuple[LengthFit | None, str]:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console
 
@@ -18,13 +18,16 @@ from tuner.cli.commands._args import (
     memory,
     positive_int,
 )
-from tuner.cli.commands._lengths import run_lengths, seq_lens
+from tuner.cli.commands._lengths import Lengths, check_combinations, seq_lens
 from tuner.core.errors import BadInputError, TunerError
 from tuner.core.reports import ProfileReport, VariantSummary
 
 if TYPE_CHECKING:
+    from tuner.client import TunerClient
     from tuner.core.results import Profile
+    from tuner.engine.backends import Backend
     from tuner.engine.explore import Exploration, VariantOutcome
+    from tuner.engine.workload import Workload
 
 
 def add_parser(commands: Any) -> None:
@@ -131,129 +134,219 @@ def add_parser(commands: Any) -> None:
     )
 
 
+class Measurement(Protocol):
+    """What one kind of ``tuner profile`` measures, stores and prints: the workload as
+    loaded (:class:`OneWorkload`, with its variants when exploring) or at several sequence
+    lengths (:class:`tuner.cli.commands._lengths.Lengths`). The steps around it are
+    :func:`run`'s, the same for both."""
+
+    #: Who was not uploaded, in "{subject} not uploaded": "the profile was".
+    subject: str
+
+    def load(self, backend: Backend) -> None:
+        """Load what is measured, before the client is made (a bad target costs nothing)."""
+
+    def measure(self, stderr: Console) -> None:
+        """Probe; an error that is not a ``TunerError`` is the workload's own."""
+
+    def settle(self) -> list[Profile]:
+        """Decide the answer from the measurements; the profiles to store."""
+
+    def write(self, ids: list[int], *, json_output: bool) -> None:
+        """Print the answer (``ids``: those of the stored profiles, empty when none)."""
+
+    def stored(self, ids: list[int]) -> str:
+        """Where the profiles went, "profile 3", for the line that says so."""
+
+    def nothing_fits(self) -> str | None:
+        """What to do when not even one sample fits; ``None`` when something does."""
+
+
 def run(args: argparse.Namespace, stderr: Console) -> int:
-    from tuner.core.plan import per_rank_batch, recommend
+    """The one pipeline of ``tuner profile``: refuse bad arguments before loading anything,
+    make the device, load, probe, decide, upload, print, and exit with the status that says
+    how it went."""
+    from tuner.core.plan import per_rank_batch
 
     if args.global_batch_size is not None:
         # Refused before importing torch, which alone takes a second or two.
         per_rank_batch(args.global_batch_size, args.world_size)
     if args.seq_lens is not None:
-        return run_lengths(args, stderr)
+        check_combinations(args)
 
     # torch is imported here, not at module level, so `tuner --help` stays fast.
     import torch
 
-    from tuner.cli.display import LiveProgress, print_exploration, print_profile
     from tuner.client import TunerClient
-    from tuner.core.parallel import parse_parallel
-    from tuner.core.results import ProbeSettings
     from tuner.engine.backends import make_backend
-    from tuner.engine.profiler import nothing_fits_advice, profile_workload
-    from tuner.engine.workload import load_workload, parse_options
 
+    measurement: Measurement = Lengths(args) if args.seq_lens is not None else OneWorkload(args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     backend = make_backend(device, memory_limit_bytes=args.memory_limit)
-    workload = load_workload(args.target, parse_options(args.option))
-    if args.parallel is not None:
-        workload.parallel = parse_parallel(args.parallel, args.parallel_option, workload.parallel)
-    elif args.parallel_option:
-        workload.parallel = parse_parallel(
-            workload.parallel.mode, args.parallel_option, workload.parallel
-        )
-    if args.explore and not workload.variants:
-        raise BadInputError(
-            f"{args.target} declares no variants to explore: give its Workload "
-            "variants={'option': [value, ...]}, or leave out --explore"
-        )
-    settings = ProbeSettings(warmup_steps=args.warmup_steps)
+    measurement.load(backend)
     # Made before probing, so that a missing TUNER_URL costs no profiling time.
     client = TunerClient() if args.upload else None
-
-    def measure(observer: Any, measured: Any = workload) -> Profile:
-        return profile_workload(
-            measured,
-            backend,
-            headroom=args.headroom,
-            strategy=args.strategy,
-            size_cap=args.size_cap,
-            settings=settings,
-            observer=observer,
-            world_size=args.world_size,
-        )
-
     try:
-        with LiveProgress(stderr) as progress:
-            profile = measure(progress)
-        advice = _parallel_advice(profile, workload, measure, stderr)
-        exploration = _explore(args, profile, workload, backend, measure, stderr)
+        measurement.measure(stderr)
     except TunerError:
         raise
     except Exception:
         return workload_failed(stderr, args.target)
-
-    found = profile.max_micro_batch_size
-    recommendation = None
-    advised, loaded = workload, profile
-    if exploration is not None:
-        # The answer is the chosen variant's: its profile, plan and stored id say it,
-        # everywhere (the loaded workload's when no variant fits).
-        chosen = exploration.chosen or exploration.variants[0]
-        profile, recommendation = chosen.profile, chosen.recommendation
-        found = profile.max_micro_batch_size
-        if chosen.options:
-            advised = load_workload(args.target, {**workload.options, **chosen.options})
-    elif found and args.global_batch_size is not None:
-        recommendation = recommend(
-            max_micro_batch_size=found,
-            probes=profile.probes,
-            global_batch_size=args.global_batch_size,
-            world_size=args.world_size,
-        )
-    # The JSON (and the upload) is the chosen variant's profile; the text shows the loaded
-    # workload's probes and then the variants table, which names the chosen one.
-    shown, advised = (profile, advised) if args.json else (loaded, workload)
-    advice += _short_memory_advice(shown, recommendation, advised)
-    uploaded, upload_error = None, None
-    others: list[int] = []
-    if client is not None:
-        with client:
-            try:
-                # Every variant is stored (the service compares them); the id reported
-                # is that of the profile shown.
-                to_store = [o.profile for o in exploration.variants] if exploration else [profile]
-                ids = [client.upload_profile(p).id for p in to_store]
-                uploaded = next(i for p, i in zip(to_store, ids, strict=True) if p is profile)
-                others = [i for i in ids if i != uploaded]
-            except TunerError as exc:
-                upload_error = exc  # the profile is still printed: minutes of probing are kept
-    if args.json:
-        report = ProfileReport.of(
-            profile,
-            recommendation=recommendation,
-            profile_id=uploaded,
-            advice=advice,
-            variants=[_variant_summary(o, exploration) for o in exploration.variants]
-            if exploration is not None
-            else None,
-        )
-        sys.stdout.write(json.dumps(report.document()) + "\n")
-    else:
-        out = Console()
-        # Exploring, the recommendation is the chosen variant's: the table says which.
-        plan = None if exploration is not None else recommendation
-        print_profile(out, shown, plan, world_size=args.world_size, advice=advice)
-        if exploration is not None:
-            print_exploration(out, exploration)
-    stored = f"profile {uploaded}" if client is not None and uploaded is not None else None
-    if stored is not None and others:
-        shown_as = "the chosen variant" if exploration and exploration.chosen else "as loaded"
-        stored += f" ({shown_as}; the other variants as {', '.join(map(str, others))})"
-    if not report_upload(stderr, client, stored, upload_error, "the profile was", args.json):
+    ids, upload_error = _upload(client, measurement.settle())
+    measurement.write(ids, json_output=args.json)
+    stored = measurement.stored(ids) if ids else None
+    if not report_upload(stderr, client, stored, upload_error, measurement.subject, args.json):
         return EXIT_FAILED
-    if not found:
-        stderr.print(nothing_fits_advice(profile, advised), highlight=False, markup=False)
+    advice = measurement.nothing_fits()
+    if advice is not None:
+        stderr.print(advice, highlight=False, markup=False)
         return EXIT_NOTHING_FITS
     return EXIT_OK
+
+
+def _upload(
+    client: TunerClient | None, profiles: list[Profile]
+) -> tuple[list[int], TunerError | None]:
+    """Store every profile (the service compares variants and lengths); their ids, or the
+    error that stopped it, after which the profiles are still printed: the probing is kept."""
+    if client is None:
+        return [], None
+    with client:
+        try:
+            return [client.upload_profile(profile).id for profile in profiles], None
+        except TunerError as exc:
+            return [], exc
+
+
+class OneWorkload:
+    """The workload as loaded; with ``--explore`` (or by itself when memory is short) its
+    declared variants too, and the answer is the chosen variant's."""
+
+    subject = "the profile was"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    def load(self, backend: Backend) -> None:
+        from tuner.core.parallel import parse_parallel
+        from tuner.engine.workload import load_workload, parse_options
+
+        args = self.args
+        self.backend = backend
+        workload = load_workload(args.target, parse_options(args.option))
+        if args.parallel is not None:
+            workload.parallel = parse_parallel(
+                args.parallel, args.parallel_option, workload.parallel
+            )
+        elif args.parallel_option:
+            workload.parallel = parse_parallel(
+                workload.parallel.mode, args.parallel_option, workload.parallel
+            )
+        if args.explore and not workload.variants:
+            raise BadInputError(
+                f"{args.target} declares no variants to explore: give its Workload "
+                "variants={'option': [value, ...]}, or leave out --explore"
+            )
+        self.workload = workload
+
+    def _profile(self, observer: Any, measured: Workload | None = None) -> Profile:
+        from tuner.core.results import ProbeSettings
+        from tuner.engine.profiler import profile_workload
+
+        return profile_workload(
+            self.workload if measured is None else measured,
+            self.backend,
+            headroom=self.args.headroom,
+            strategy=self.args.strategy,
+            size_cap=self.args.size_cap,
+            settings=ProbeSettings(warmup_steps=self.args.warmup_steps),
+            observer=observer,
+            world_size=self.args.world_size,
+        )
+
+    def measure(self, stderr: Console) -> None:
+        from tuner.cli.display import LiveProgress
+
+        with LiveProgress(stderr) as progress:
+            self.loaded = self._profile(progress)
+        self.advice = _parallel_advice(self.loaded, self.workload, self._profile, stderr)
+        self.exploration = _explore(
+            self.args, self.loaded, self.workload, self.backend, self._profile, stderr
+        )
+
+    def settle(self) -> list[Profile]:
+        from tuner.core.plan import recommend
+        from tuner.engine.workload import load_workload
+
+        args, workload, exploration = self.args, self.workload, self.exploration
+        profile, recommendation, advised = self.loaded, None, workload
+        if exploration is not None:
+            # The answer is the chosen variant's: its profile, plan and stored id say it,
+            # everywhere (the loaded workload's when no variant fits).
+            chosen = exploration.chosen or exploration.variants[0]
+            profile, recommendation = chosen.profile, chosen.recommendation
+            if chosen.options:
+                advised = load_workload(args.target, {**workload.options, **chosen.options})
+        elif profile.max_micro_batch_size and args.global_batch_size is not None:
+            recommendation = recommend(
+                max_micro_batch_size=profile.max_micro_batch_size,
+                probes=profile.probes,
+                global_batch_size=args.global_batch_size,
+                world_size=args.world_size,
+            )
+        # The JSON (and the upload) is the chosen variant's profile; the text shows the
+        # loaded workload's probes and then the variants table, which names the chosen one.
+        self.shown, self.advised = (profile, advised) if args.json else (self.loaded, workload)
+        self.advice += _short_memory_advice(self.shown, recommendation, self.advised)
+        self.profile, self.recommendation = profile, recommendation
+        self.to_store = [o.profile for o in exploration.variants] if exploration else [profile]
+        return self.to_store
+
+    def _id(self, ids: list[int]) -> int | None:
+        """The stored id of the profile shown (``None`` when nothing was stored)."""
+        if not ids:
+            return None
+        return next(i for p, i in zip(self.to_store, ids, strict=True) if p is self.profile)
+
+    def write(self, ids: list[int], *, json_output: bool) -> None:
+        from tuner.cli.display import print_exploration, print_profile
+
+        exploration = self.exploration
+        if json_output:
+            report = ProfileReport.of(
+                self.profile,
+                recommendation=self.recommendation,
+                profile_id=self._id(ids),
+                advice=self.advice,
+                variants=[_variant_summary(o, exploration) for o in exploration.variants]
+                if exploration is not None
+                else None,
+            )
+            sys.stdout.write(json.dumps(report.document()) + "\n")
+            return
+        out = Console()
+        # Exploring, the recommendation is the chosen variant's: the table says which.
+        plan = None if exploration is not None else self.recommendation
+        print_profile(out, self.shown, plan, world_size=self.args.world_size, advice=self.advice)
+        if exploration is not None:
+            print_exploration(out, exploration)
+
+    def stored(self, ids: list[int]) -> str:
+        shown = self._id(ids)
+        others = [i for i in ids if i != shown]
+        stored = f"profile {shown}"
+        if others:
+            exploration = self.exploration
+            shown_as = "the chosen variant" if exploration and exploration.chosen else "as loaded"
+            stored += f" ({shown_as}; the other variants as {', '.join(map(str, others))})"
+        return stored
+
+    def nothing_fits(self) -> str | None:
+        from tuner.engine.profiler import nothing_fits_advice
+
+        if self.profile.max_micro_batch_size:
+            return None
+        return nothing_fits_advice(self.profile, self.advised)
 
 
 def report_upload(

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     from api import migrate
     from api.config import ServiceSettings
     from api.db import Database
-    from api.security import create_token, list_tokens, revoke_token
+    from api.store.tokens import create_token, list_tokens, revoke_token
 
     url = args.database_url or ServiceSettings().database_url
     if url.startswith("sqlite"):
