@@ -36,6 +36,7 @@ from tuner.core.results import DeviceInfo, ProbeResult, ProbeSettings
 from tuner.engine.backends import Backend, CpuBackend, PeakReading
 from tuner.engine.batching import Batch, map_tensors
 from tuner.engine.probe import Prober
+from tuner.engine.state import TrainingState
 from tuner.engine.workload import Workload, load_workload
 
 log = logging.getLogger(__name__)
@@ -76,9 +77,21 @@ class FakeBackend(CpuBackend):
 
 
 class _DryProber(Prober):
-    """A prober for fake tensors: fp16's loss scaler is left out (it reads whether the
+    """A prober for fake tensors. Warmed up once: after the first prediction the state
+    it puts back between predictions is the warmed one (optimizer moments, gradients), so
+    each later prediction is one step, where a real probe must warm up every time (it
+    gives the user's values back). fp16's loss scaler is left out (it reads whether the
     gradients are finite with ``.item()``, which fake tensors have no value for; its own
     memory is a few scalars)."""
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        outcome = super()._run(*args, **kwargs)
+        if self.settings.warmup_steps:
+            warmed = TrainingState.capture(self.model, self.optimizer)
+            warmed.rng = self._saved.rng  # the user's random streams stay as they were
+            self._saved = warmed
+            self.settings = self.settings.model_copy(update={"warmup_steps": 0})
+        return outcome
 
     def _new_scaler(self) -> torch.amp.GradScaler | None:
         return None
