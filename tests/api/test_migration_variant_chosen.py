@@ -5,28 +5,16 @@ cascade to the probes)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from api import migrate
-from api.db import create_db_engine
-from tests.api.test_migration_parallel import _profile_with_a_probe, _rows_before_0004, _select
-from tests.api.test_variants import GROUP
+from tests.api.test_migration_parallel import _rows_before_0004, _select
+from tests.api.test_variants import GROUP, add_a_variant_row
 
 
 def test_profiles_are_chosen_by_nobody_and_kept_both_ways(database_url: str) -> None:
     migrate.upgrade(database_url, "0003")
     _rows_before_0004(database_url)
     migrate.upgrade(database_url, "0011")
-    engine = create_db_engine(database_url)
-    with engine.begin() as connection:
-        _profile_with_a_probe(
-            connection,
-            2,
-            created_at=datetime(2026, 11, 2, tzinfo=UTC),
-            max_micro_batch_size=6,
-            profile={"variant": '{"precision": "bf16"}', "variant_group": GROUP},
-        )
-    engine.dispose()
+    add_a_variant_row(database_url)
 
     migrate.upgrade(database_url, "0012")
     marks = _select(database_url, "SELECT id, variant_chosen FROM profiles ORDER BY id")

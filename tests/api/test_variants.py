@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import text
 
 from api import migrate
 from api.db import create_db_engine
@@ -119,6 +118,20 @@ def test_an_unstorable_variant_is_refused_in_one_line(http: httpx.Client) -> Non
     assert "variant_group" in refused.text
 
 
+def add_a_variant_row(database_url: str) -> None:
+    """Profile 2, a bf16 variant of exploration ``GROUP``, with its probe, as SQL rows."""
+    engine = create_db_engine(database_url)
+    with engine.begin() as connection:
+        _profile_with_a_probe(
+            connection,
+            2,
+            created_at=datetime(2026, 11, 2, tzinfo=UTC),
+            max_micro_batch_size=6,
+            profile={"variant": '{"precision": "bf16"}', "variant_group": GROUP},
+        )
+    engine.dispose()
+
+
 def test_revision_0005_adds_the_link_and_going_back_keeps_the_profiles(
     database_url: str,
 ) -> None:
@@ -129,20 +142,9 @@ def test_revision_0005_adds_the_link_and_going_back_keeps_the_profiles(
     assert _as_json(variant) == {}
     assert group is None
 
-    engine = create_db_engine(database_url)
-    with engine.begin() as connection:
-        _profile_with_a_probe(
-            connection,
-            2,
-            created_at=datetime(2026, 11, 2, tzinfo=UTC),
-            max_micro_batch_size=6,
-            profile={"variant": '{"precision": "bf16"}', "variant_group": GROUP},
-        )
-        [(found,)] = connection.execute(
-            text("SELECT id FROM profiles WHERE variant_group = :group"), {"group": GROUP}
-        )
-        assert found == 2
-    engine.dispose()
+    add_a_variant_row(database_url)
+    found = _select(database_url, f"SELECT id FROM profiles WHERE variant_group = '{GROUP}'")
+    assert found == [(2,)]
 
     migrate.downgrade(database_url, "0004")
     assert migrate.current_revision(database_url) == "0004"
