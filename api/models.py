@@ -24,6 +24,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -181,6 +182,8 @@ class Profile(Base):
     # and the key the exploration's profiles share (``tuner profile --explore``).
     variant: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     variant_group: Mapped[str | None] = mapped_column(String(64), index=True)
+    # The variant its exploration chose (by its plan's measured speed); kept since 0012.
+    variant_chosen: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     workload: Mapped[Workload] = relationship(lazy="joined", innerjoin=True)
     device: Mapped[Device] = relationship(lazy="joined", innerjoin=True)

@@ -421,15 +421,27 @@ class QuestionChoices:
     newest: NewestRun | None
 
 
-def question_choices(session: Session) -> QuestionChoices:
-    """The calculator's menus and its first question: the newest profile's run."""
-    newest = session.execute(
+def question_choices(
+    session: Session, *, workload: str | None = None, device: str | None = None
+) -> QuestionChoices:
+    """The calculator's menus and the run it asks about where the question leaves a field
+    out: the run of the newest profile of the workload and device asked (by key), else of
+    that workload on any device, else on that device, else the newest profile's. So asking
+    about another workload asks at its own world size and parallel mode."""
+    newest_first = (
         select(_W.key, _D.key, _P.world_size, _P.parallel_mode, _P.max_micro_batch_size)
         .join(_W, _W.id == _P.workload_id)
         .join(_D, _D.id == _P.device_id)
         .order_by(_P.received_at.desc(), _P.id.desc())
         .limit(1)
-    ).first()
+    )
+    by_workload = [_W.key == workload] if workload else []
+    by_device = [_D.key == device] if device else []
+    newest = None
+    for where in (by_workload + by_device, by_workload, by_device, []):
+        newest = session.execute(newest_first.where(*where)).first()
+        if newest is not None:
+            break
     return QuestionChoices(
         workloads=workload_choices(session),
         devices=device_choices(session),

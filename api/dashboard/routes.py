@@ -182,32 +182,45 @@ def parse_list_query(params: Any) -> queries.ListQuery:
 @router.get("/")
 async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> Response:
     """The question on landing: micro batch and accumulation for a global batch, answered
-    by the recommendation route's own code; the newest profile's run is asked first."""
+    by the recommendation route's own code. What the URL leaves out is the run of the
+    newest profile of the workload asked (of all, when none is asked): the page's script
+    sends only the fields the reader set, so another workload brings its own world size
+    and parallel mode."""
+    params = request.query_params
 
     def read() -> tuple[queries.QuestionChoices, int]:
         with db.session() as session:
-            return queries.question_choices(session), queries.profile_count(session)
+            choices = queries.question_choices(
+                session, workload=params.get("workload"), device=params.get("device")
+            )
+            return choices, queries.profile_count(session)
 
     choices, count = await run_in_threadpool(read)
     calc = None
     if choices.newest is not None:
         newest = choices.newest
+        asked_world = params.get("world_size", "").strip()
+        # A global batch the world size asked divides, when one is asked.
+        world = int(asked_world) if asked_world.isdigit() and int(asked_world) > 0 else None
         defaults = {
             "workload": newest.workload_key,
             "device": newest.device_key,
             "world_size": str(newest.world_size),
             "parallel": newest.parallel_mode,
             "global_batch_size": str(
-                calculator.default_global_batch(newest.max_micro_batch_size, newest.world_size)
+                calculator.default_global_batch(
+                    newest.max_micro_batch_size, world or newest.world_size
+                )
             ),
         }
-        question = calculator.read_question(request.query_params, defaults)
+        question = calculator.read_question(params, defaults)
         calc = await calculator.calculate(request, question)
     return render(
         request,
         "landing.html",
         principal=principal,
         calc=calc,
+        given=[name for name in calculator.QUESTION_FIELDS if name in params],
         choices=choices,
         count=count,
         now=_now(),

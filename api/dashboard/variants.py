@@ -16,12 +16,18 @@ from api.store.variants import variants_of
 class VariantRow:
     variant: VariantPublic
     label: str
-    speed_width: float  # percent of the fastest variant's samples per second
-    fastest: bool
+    speed_width: float  # percent of the fastest variant's samples per second at M*
+
+    @property
+    def chosen(self) -> bool:
+        """The exploration chose it, by its plan's measured speed (the CLI's choice, kept
+        by the store); never guessed from the speed at M*, which ranks variants otherwise."""
+        return self.variant.chosen
 
 
 def variant_rows(session: Session, profile_id: int) -> list[VariantRow]:
-    """The variants explored with this profile, fastest marked; empty when not explored."""
+    """The variants explored with this profile, the chosen one marked; empty when not
+    explored."""
     found = variants_of(session, get_profile(session, profile_id))
     if found.variant_group is None:
         return []
@@ -31,7 +37,6 @@ def variant_rows(session: Session, profile_id: int) -> list[VariantRow]:
             variant=v,
             label=variant_text(v.variant) or "as loaded",
             speed_width=round(100 * (v.samples_per_second or 0.0) / top, 2) if top > 0 else 0.0,
-            fastest=top > 0 and v.samples_per_second == top,
         )
         for v in found.data
     ]

@@ -110,6 +110,7 @@ class ProfileCreate(results.Profile):
 
     variant: dict[Text100, VariantValueCreate] = Field(default_factory=dict, max_length=32)
     variant_group: Key | None = None
+    variant_chosen: StrictBool = False
 
     workload_key: Key
     device_key: Key
@@ -140,6 +141,15 @@ class ProfileCreate(results.Profile):
                         f"the probe at micro batch {probe.micro_batch_size} lists {count} "
                         f"{name} for world size {self.world_size}: give one per rank, or none"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _chosen_among_variants(self) -> ProfileCreate:
+        if self.variant_chosen and self.variant_group is None:
+            raise ValueError(
+                "variant_chosen is true but the profile has no variant_group: only a variant "
+                "of an exploration is chosen; give its group, or leave variant_chosen out"
+            )
         return self
 
     @model_validator(mode="after")

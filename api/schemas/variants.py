@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from tuner.core.results import VariantValue
 
@@ -19,6 +19,11 @@ class VariantPublic(BaseModel):
     max_micro_batch_size: int
     peak_bytes: int | None
     samples_per_second: float | None
+    chosen: bool = Field(
+        default=False,
+        description="the variant the exploration chose: its plan for the global batch "
+        "measured fastest (unmarked in explorations stored before the choice was kept)",
+    )
     created_at: datetime
 
 

@@ -31,7 +31,7 @@ from api.store.names import (
 )
 from api.store.paging import keyset_page
 from api.store.rows import get_or_404
-from api.store.variants import variant_columns, variant_fields
+from api.store.variants import check_one_chosen, variant_columns, variant_fields
 from tuner.core import results
 from tuner.core.errors import ConflictError
 from tuner.core.parallel import Parallel
@@ -261,6 +261,7 @@ def save_profile(
     existing = _same_profile(session, workload.id, device.id, profile)
     if existing is not None:
         return _check_identical(existing, profile), False
+    check_one_chosen(session, profile)
     row = _profile_row(profile, workload, device)
     try:
         # A savepoint, so that losing a race to an identical upload (PostgreSQL waits for

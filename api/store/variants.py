@@ -11,16 +11,44 @@ from sqlalchemy.orm import Session
 from api import models
 from api.schemas.variants import VariantPublic, VariantsPublic
 from tuner.core import results
+from tuner.core.errors import ConflictError
 
 
 def variant_columns(profile: results.Profile) -> dict[str, Any]:
     """The profile's variant, as its row stores it."""
-    return {"variant": dict(profile.variant), "variant_group": profile.variant_group}
+    return {
+        "variant": dict(profile.variant),
+        "variant_group": profile.variant_group,
+        "variant_chosen": profile.variant_chosen,
+    }
 
 
 def variant_fields(row: models.Profile) -> dict[str, Any]:
     """The row's variant, as the profile schema reads it."""
-    return {"variant": dict(row.variant or {}), "variant_group": row.variant_group}
+    return {
+        "variant": dict(row.variant or {}),
+        "variant_group": row.variant_group,
+        "variant_chosen": bool(row.variant_chosen),
+    }
+
+
+def check_one_chosen(session: Session, profile: results.Profile) -> None:
+    """Refuse a second chosen variant in one exploration: it chose one (a retry of the
+    same profile is recognised before this is asked)."""
+    if not profile.variant_chosen or profile.variant_group is None:
+        return
+    chosen = session.scalar(
+        select(models.Profile.id).where(
+            models.Profile.variant_group == profile.variant_group,
+            models.Profile.variant_chosen.is_(True),
+        )
+    )
+    if chosen is not None:
+        raise ConflictError(
+            f"profile {chosen} is the chosen variant of exploration {profile.variant_group} "
+            "already: an exploration chooses one variant; upload this one with "
+            "variant_chosen false"
+        )
 
 
 def variants_of(session: Session, row: models.Profile) -> VariantsPublic:
@@ -51,5 +79,6 @@ def _public(row: models.Profile) -> VariantPublic:
         max_micro_batch_size=row.max_micro_batch_size,
         peak_bytes=probe.peak_reserved_bytes if probe is not None else None,
         samples_per_second=probe.samples_per_second if probe is not None else None,
+        chosen=bool(row.variant_chosen),
         created_at=row.created_at,
     )

@@ -132,6 +132,15 @@ def test_explore_prints_the_chosen_variant_and_its_stored_id(service: Service) -
         stored = http.get(f"/api/v1/profiles/{document['profile_id']}").json()
     assert stored["variant"] == chosen["variant"]
     assert stored["max_micro_batch_size"] == 1
+    # The choice is the profile's own: printed, stored, and checked against the variants.
+    assert document["variant_chosen"] is stored["variant_chosen"] is True
+    with service.http() as http:
+        denied = http.post("/api/v1/profiles", json={**document, "variant_chosen": False})
+        assert denied.status_code == 422
+        assert "variant_chosen is false but the variants mark one chosen" in denied.text
+        # A document printed before profiles carried the mark still posts as printed.
+        older = {k: v for k, v in document.items() if k != "variant_chosen"}
+        assert http.post("/api/v1/profiles", json=older).status_code == 200
 
 
 def test_a_misspelt_or_contradicting_key_is_still_refused(service: Service) -> None:

@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import text
 
 from api import migrate
 from api.db import create_db_engine
@@ -29,8 +28,9 @@ GROUP = "a1b2c3d4e5f6a1b2c3d4e5f6"
 WHEN = datetime(2026, 11, 20, tzinfo=UTC)
 
 
-def explored() -> list[Profile]:
-    """Three variants of one exploration, each its own workload, as the CLI uploads them."""
+def explored(chosen: int | None = None) -> list[Profile]:
+    """Three variants of one exploration, each its own workload, as the CLI uploads them;
+    the one at index ``chosen`` marked as the exploration's choice."""
     options = [
         ({"checkpointing": False, "precision": "fp32"}, 4),
         ({"checkpointing": True, "precision": "fp32"}, 9),
@@ -41,7 +41,9 @@ def explored() -> list[Profile]:
             max_micro_batch_size=found,
             workload_key=f"w{index}".ljust(24, "x"),
             created_at=WHEN + timedelta(seconds=index),
-        ).model_copy(update={"variant": variant, "variant_group": GROUP})
+        ).model_copy(
+            update={"variant": variant, "variant_group": GROUP, "variant_chosen": index == chosen}
+        )
         for index, (variant, found) in enumerate(options)
     ]
 
@@ -85,12 +87,49 @@ def test_variants_are_stored_linked_and_compared(http: httpx.Client) -> None:
     assert missing.status_code == 404
 
 
+def test_an_exploration_keeps_the_one_variant_it_chose(http: httpx.Client) -> None:
+    profiles = explored(chosen=2)
+    ids = [upload(http, profile).json()["id"] for profile in profiles]
+    assert upload(http, profiles[2]).status_code == 200  # a retry of the chosen one
+    rows = http.get(f"/api/v1/profiles/{ids[0]}/variants").json()["data"]
+    assert [row["chosen"] for row in rows] == [False, False, True]
+    assert http.get(f"/api/v1/profiles/{ids[2]}").json()["variant_chosen"] is True
+
+    # A second choice in the same exploration is refused, and nothing is stored.
+    another = profiles[1].model_copy(
+        update={"variant_chosen": True, "created_at": WHEN + timedelta(minutes=5)}
+    )
+    refused = upload(http, another)
+    assert refused.status_code == 409, refused.text
+    assert f"profile {ids[2]} is the chosen variant" in refused.json()["error"]["message"]
+    assert http.get(f"/api/v1/profiles/{ids[0]}/variants").json()["count"] == 3
+    # Chosen among no exploration: refused in one line.
+    alone = sample_profile(created_at=WHEN + timedelta(minutes=6)).model_dump(mode="json")
+    refused = http.post("/api/v1/profiles", json={**alone, "variant_chosen": True})
+    assert refused.status_code == 422
+    assert "variant_chosen is true but the profile has no variant_group" in refused.text
+
+
 def test_an_unstorable_variant_is_refused_in_one_line(http: httpx.Client) -> None:
     bad = sample_profile(created_at=WHEN).model_dump(mode="json")
     bad["variant_group"] = "not a key!"
     refused = http.post("/api/v1/profiles", json=bad)
     assert refused.status_code == 422
     assert "variant_group" in refused.text
+
+
+def add_a_variant_row(database_url: str) -> None:
+    """Profile 2, a bf16 variant of exploration ``GROUP``, with its probe, as SQL rows."""
+    engine = create_db_engine(database_url)
+    with engine.begin() as connection:
+        _profile_with_a_probe(
+            connection,
+            2,
+            created_at=datetime(2026, 11, 2, tzinfo=UTC),
+            max_micro_batch_size=6,
+            profile={"variant": '{"precision": "bf16"}', "variant_group": GROUP},
+        )
+    engine.dispose()
 
 
 def test_revision_0005_adds_the_link_and_going_back_keeps_the_profiles(
@@ -103,20 +142,9 @@ def test_revision_0005_adds_the_link_and_going_back_keeps_the_profiles(
     assert _as_json(variant) == {}
     assert group is None
 
-    engine = create_db_engine(database_url)
-    with engine.begin() as connection:
-        _profile_with_a_probe(
-            connection,
-            2,
-            created_at=datetime(2026, 11, 2, tzinfo=UTC),
-            max_micro_batch_size=6,
-            profile={"variant": '{"precision": "bf16"}', "variant_group": GROUP},
-        )
-        [(found,)] = connection.execute(
-            text("SELECT id FROM profiles WHERE variant_group = :group"), {"group": GROUP}
-        )
-        assert found == 2
-    engine.dispose()
+    add_a_variant_row(database_url)
+    found = _select(database_url, f"SELECT id FROM profiles WHERE variant_group = '{GROUP}'")
+    assert found == [(2,)]
 
     migrate.downgrade(database_url, "0004")
     assert migrate.current_revision(database_url) == "0004"
@@ -147,3 +175,11 @@ def test_profile_explore_upload_stores_every_variant_linked(
     assert [row["max_micro_batch_size"] for row in answer["data"]] == [
         v["max_micro_batch_size"] for v in printed["variants"]
     ]
+    # The choice is stored: the variant the CLI chose (by its plan's timed speed), on the
+    # profile it printed and uploaded, and on no other.
+    assert printed["variant_chosen"] is True
+    assert [row["chosen"] for row in answer["data"]] == [v["chosen"] for v in printed["variants"]]
+    [chosen] = [row for row in answer["data"] if row["chosen"]]
+    assert chosen["profile_id"] == printed["profile_id"]
+    stored = http.get(f"/api/v1/profiles/{printed['profile_id']}").json()
+    assert stored["variant_chosen"] is True

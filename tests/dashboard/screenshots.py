@@ -2,7 +2,7 @@
 ``tests/dashboard/test_landing.py`` (three runs of one model, explored variants, three
 sequence lengths, nothing fits, a GPU with an out-of-memory report) plus a few jobs and
 workers, served for real and shot in Chromium at 1440×900 and 390×844 (the top of each
-page, as a reader first sees it).
+page, as a reader first sees it; the variants panel of an explored profile).
 
     python -m tests.dashboard.screenshots docs/screenshots
 """
@@ -38,7 +38,8 @@ def main(target: Path) -> None:
             "profiles": "/profiles",
             "profile": f"/profiles/{fleet.ids['gpu']}",
             "profile-ddp": f"/profiles/{fleet.ids['ddp2']}",
-            "profile-variants": f"/profiles/{fleet.ids['variant1']}",
+            # Scrolled to the variants compared, the one the exploration chose marked.
+            "profile-variants": f"/profiles/{fleet.ids['variant1']}#variants",
             "workloads": "/workloads",
             "workload": f"/workloads/{workload_id}",
             "family": "/families/" + "gpt-len".ljust(24, "f"),

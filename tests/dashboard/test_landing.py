@@ -3,9 +3,10 @@ in Chromium at 1440×900 and 390×844, over SQLite and PostgreSQL.
 
 One store per database kind for the whole module (a service over it, and the session's
 browser): three runs of one model (one process, DDP at 2 and 4 ranks), three explored
-variants, three sequence lengths, one model where nothing fits, and a 40 GiB GPU profile
-with an out-of-memory report from training. Every answer a page shows is compared with
-the JSON ``GET /api/v1/recommendation`` sends for the same question.
+variants (the chosen one not the fastest at M*), three sequence lengths, one model where
+nothing fits, and a 40 GiB GPU profile with an out-of-memory report from training. Every
+answer a page shows is compared with the JSON ``GET /api/v1/recommendation`` sends for the
+same question.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def _fleet(url: str, label: str) -> Generator[Fleet, None, None]:
         "one": one,
         "ddp2": ddp_profile(2),
         "ddp4": ddp_profile(4),
-        **{f"variant{i}": p for i, p in enumerate(explored())},
+        # The exploration chose bf16 (its plan ran fastest), not variant1, the fastest at M*.
+        **{f"variant{i}": p for i, p in enumerate(explored(chosen=2))},
         **{f"len{p.workload.seq_len}": p for p in length_profiles()},
         "huge": nothing_fits_profile(),
         "gpu": gpu,  # the newest: what the landing page asks about first
@@ -191,7 +193,7 @@ def ask(page: Page, **fields: str) -> None:
             page.select_option(selector, value)
         else:
             page.fill(selector, value)
-    with page.expect_response(lambda r: "global_batch_size=" in r.url):
+    with page.expect_response(lambda r: r.request.headers.get("hx-request") == "true"):
         page.click("#calc-form button[type=submit]")
     for name, value in fields.items():
         page.wait_for_function(
@@ -464,3 +466,127 @@ def test_every_page_fits_a_phone_and_an_unknown_path_is_a_page(tab: Tab, fleet: 
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "not_found"
     shot(page, "not-found", tab)
+
+
+def in_view(page: Page, selector: str) -> bool:
+    """Whether every element ``selector`` finds is shown and inside the window's width."""
+    boxes: list[tuple[bool, float, float]] = page.locator(selector).evaluate_all(
+        """els => els.map(e => { const r = e.getBoundingClientRect();
+                                return [r.width > 0 && r.height > 0, r.left, r.right]; })"""
+    )
+    width = page.evaluate("() => window.innerWidth")
+    return bool(boxes) and all(
+        shown and left >= 0 and right <= width for shown, left, right in boxes
+    )
+
+
+def test_the_variants_panel_marks_the_variant_the_exploration_chose(tab: Tab, fleet: Fleet) -> None:
+    ids = fleet.ids
+    with api(fleet.url, fleet.token) as client:
+        rows = client.get(f"/api/v1/profiles/{ids['variant0']}/variants").json()["data"]
+    fastest_at_max = max(rows, key=lambda row: row["samples_per_second"])["profile_id"]
+    [chosen] = [row["profile_id"] for row in rows if row["chosen"]]
+    assert chosen == ids["variant2"] != fastest_at_max == ids["variant1"]
+
+    # On the page of the variant fastest at M*, the mark is on the one the exploration chose.
+    page = tab.open(f"/profiles/{ids['variant1']}")
+    marked = page.locator("#variants tr[data-chosen]").evaluate_all(
+        "rows => rows.map(r => Number(r.dataset.profileId))"
+    )
+    assert marked == [chosen]
+    assert page.locator("#variants [data-mark=chosen]").inner_text() == "chosen"
+    assert in_view(page, "#variants [data-mark=chosen]")
+    choice = page.locator("#variants-choice").inner_text()
+    assert "chose checkpointing=false precision=bf16" in choice
+    assert page.locator("#run-badges [data-mark=chosen]").count() == 0
+    fits_the_width(page)
+
+    # The chosen variant's own page says so in its header.
+    page = tab.open(f"/profiles/{chosen}")
+    assert page.locator("#run-badges [data-mark=chosen]").inner_text() == "chosen variant"
+    assert in_view(page, "#run-badges [data-mark=chosen]")
+    assert page.locator("#variants tr.is-current").get_attribute("data-chosen") == "true"
+    shot(page, "profile-variants", tab)
+
+
+def test_the_profile_list_keeps_every_column_and_status_on_screen(tab: Tab, fleet: Fleet) -> None:
+    page = tab.open("/profiles?size=25")
+    rows = page.locator("#profiles-table tbody tr")
+    assert rows.count() == len(fleet.ids)
+    # No column past the right edge: the table needs no sideways scrolling, so no hint.
+    scrolls = page.locator("#results .table-wrap").evaluate("w => w.scrollWidth - w.clientWidth")
+    assert scrolls <= 0
+    assert page.locator("#results .scroll-hint").count() == 0
+    overflowing = page.locator("#profiles-table th, #profiles-table td").evaluate_all(
+        """cells => cells.filter(c => c.offsetParent !== null
+                                 && c.getBoundingClientRect().right > window.innerWidth)
+                         .map(c => c.className + ': ' + c.innerText)"""
+    )
+    assert overflowing == []
+    # Every row's status is in view, and the memory free at M* still reads on a phone.
+    assert in_view(page, "#profiles-table tbody [data-status]")
+    gpu_row = page.locator(f"tr[data-profile-id='{fleet.ids['gpu']}']")
+    assert gpu_row.locator("[data-status]").inner_text() == f"OOM: at most {OOM_SETTLED}"
+    free = (
+        gpu_row.locator("[data-free]")
+        if tab.label.endswith("phone")
+        else gpu_row.locator("td.num[title^='budget']")
+    )
+    assert free.is_visible()
+    assert re.search(r"\d(\.\d+)? [KMG]iB", free.inner_text())
+    fits_the_width(page)
+    shot(page, "profiles-fit", tab)
+
+
+def wait_for_field(page: Page, selector: str, value: str) -> None:
+    page.wait_for_function(
+        "([selector, value]) => document.querySelector(selector).value === value",
+        arg=[selector, value],
+    )
+
+
+def test_another_workload_asks_at_its_own_world_size_and_mode(tab: Tab, fleet: Fleet) -> None:
+    ids = fleet.ids
+    # Landing on the GPU profile's run (one process); then the DDP workload is chosen.
+    page = tab.open("/")
+    assert page.locator("#calc-world").input_value() == "1"
+    with page.expect_response(lambda r: "workload=" in r.url):
+        page.select_option("#calc-workload", DDP_KEY)
+    wait_for_field(page, "#calc-world", "4")  # its newest profile ran DDP at 4 ranks
+    assert page.locator("#calc-parallel").input_value() == "ddp"
+    assert page.locator("#calc-device").input_value() == "d" * 24
+    answer = same_answer(page, fleet)
+    assert (answer["profile_id"], answer["world_size"], answer["parallel"]) == (
+        ids["ddp4"],
+        4,
+        "ddp",
+    )
+    assert answer["one_process_only"] is False
+    # The URL keeps what the reader chose, so a reload asks the same.
+    assert dict(parse_qsl(urlsplit(page.url).query)) == {"workload": DDP_KEY}
+    page = tab.open(urlsplit(page.url).path + "?" + urlsplit(page.url).query)
+    assert page.locator("#calc-world").input_value() == "4"
+    assert same_answer(page, fleet)["profile_id"] == ids["ddp4"]
+
+    # Back to the one-process model: its own run again.
+    with page.expect_response(lambda r: "workload=" in r.url):
+        page.select_option("#calc-workload", fleet.gpu.workload_key)
+    wait_for_field(page, "#calc-world", "1")
+    assert page.locator("#calc-parallel").input_value() == "none"
+    assert same_answer(page, fleet)["profile_id"] == ids["gpu"]
+    fits_the_width(page)
+
+    # A world size set in the URL, or typed, stays; the mode still follows the workload.
+    page = tab.open("/?world_size=8")
+    with page.expect_response(lambda r: "workload=" in r.url):
+        page.select_option("#calc-workload", DDP_KEY)
+    wait_for_field(page, "#calc-parallel", "ddp")
+    assert page.locator("#calc-world").input_value() == "8"
+    answer = same_answer(page, fleet)
+    assert (answer["world_size"], answer["parallel"]) == (8, "ddp")
+    ask(page, world_size="2")
+    with page.expect_response(lambda r: "workload=" in r.url):
+        page.select_option("#calc-workload", fleet.gpu.workload_key)
+    wait_for_field(page, "#calc-parallel", "none")
+    assert page.locator("#calc-world").input_value() == "2"
+    assert same_answer(page, fleet)["world_size"] == 2

@@ -6,7 +6,7 @@ anyone who reads it back.
   beside it (the plan for ``--global-batch-size``, the stored id with ``--upload``, the
   advice, the explored variants, the length). Every added field is optional and known, so a
   misspelt key is still refused. With ``--explore`` the profile, its plan and its id are
-  the chosen variant's; ``variants`` compares them all.
+  the chosen variant's (``variant_chosen``); ``variants`` compares them all.
 - :class:`LengthsReport`: ``--seq-lens``: the family, the fit across lengths and one
   :class:`ProfileReport` per length.
 
@@ -83,7 +83,27 @@ class ProfileReport(Profile):
                 f"the chosen variant's M* is {chosen[0].max_micro_batch_size} but the "
                 f"profile's is {self.max_micro_batch_size}: the profile must be the chosen one"
             )
+        if self.variants is not None and bool(chosen) != self.variant_chosen:
+            said = "true" if self.variant_chosen else "false"
+            marked = "mark one chosen" if chosen else "mark none chosen"
+            raise ValueError(
+                f"variant_chosen is {said} but the variants {marked}: the profile printed "
+                "is the chosen variant's, marked so in both places"
+            )
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chosen_from_variants(cls, data: Any) -> Any:
+        """A document printed before profiles carried ``variant_chosen`` marks the choice
+        in ``variants`` alone; its profile is the chosen one (checked after)."""
+        if isinstance(data, dict) and "variant_chosen" not in data:
+            variants = data.get("variants")
+            if isinstance(variants, list) and any(
+                isinstance(v, dict) and v.get("chosen") is True for v in variants
+            ):
+                return {**data, "variant_chosen": True}
+        return data
 
     @classmethod
     def of(

@@ -244,6 +244,11 @@ class Profile(_Frozen):
         default=None,
         description="shared by the profiles of one exploration: the variants to compare",
     )
+    variant_chosen: bool = Field(
+        default=False,
+        description="the variant its exploration chose: the fastest measured plan for the "
+        "global batch (without one, the fastest at its own M*)",
+    )
     wall_time_s: float
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 

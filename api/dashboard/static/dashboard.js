@@ -386,6 +386,39 @@
     }
   }
 
+  /* The landing page's calculator sends only the fields the reader set (in the page's URL,
+     data-given, or in the form since): the service fills the others in from the run of the
+     workload asked, so choosing another workload asks at its own world size and parallel
+     mode; the URL keeps only what the reader chose. After each answer, the fields the
+     reader did not set show the question the service answered. */
+  function followTheWorkload() {
+    const form = document.getElementById("calc-form");
+    if (!form || form.dataset.given === undefined) return;
+    const set = new Set(form.dataset.given.split(" ").filter(Boolean));
+    const mark = (event) => {
+      if (event.target.name) set.add(event.target.name);
+    };
+    form.addEventListener("input", mark);
+    form.addEventListener("change", mark);
+    form.addEventListener("htmx:configRequest", (event) => {
+      // htmx 2's parameters: a proxy over the form's data that lists and deletes as an object.
+      const parameters = event.detail.parameters;
+      for (const name of Object.keys(parameters)) {
+        if (!set.has(name)) delete parameters[name];
+      }
+    });
+    document.body.addEventListener("htmx:afterSwap", () => {
+      const answer = document.getElementById("calc-answer");
+      if (!answer || !answer.dataset.question) return;
+      const question = JSON.parse(answer.dataset.question);
+      for (const field of form.elements) {
+        if (field.name && !set.has(field.name) && field.name in question) {
+          field.value = question[field.name];
+        }
+      }
+    });
+  }
+
   window.tunerFormat = { fmtBytes, fmtRate };
 
   function start() {
@@ -393,6 +426,7 @@
     window.addEventListener("resize", hintWideTables);
     document.body.addEventListener("htmx:afterSettle", hintWideTables);
     reportHtmxErrors();
+    followTheWorkload();
     initCharts();
   }
 

@@ -280,11 +280,20 @@ class OneWorkload:
 
         args, workload, exploration = self.args, self.workload, self.exploration
         profile, recommendation, advised = self.loaded, None, workload
+        to_store = [profile]
         if exploration is not None:
             # The answer is the chosen variant's: its profile, plan and stored id say it,
-            # everywhere (the loaded workload's when no variant fits).
-            chosen = exploration.chosen or exploration.variants[0]
-            profile, recommendation = chosen.profile, chosen.recommendation
+            # everywhere (the loaded workload's when no variant fits). Its profile is marked
+            # chosen, so that the store keeps a choice made from timings it never sees.
+            to_store = [
+                o.profile.model_copy(update={"variant_chosen": True})
+                if o is exploration.chosen
+                else o.profile
+                for o in exploration.variants
+            ]
+            at = next((i for i, o in enumerate(exploration.variants) if o is exploration.chosen), 0)
+            chosen = exploration.variants[at]
+            profile, recommendation = to_store[at], chosen.recommendation
             if chosen.options:
                 advised = load_workload(args.target, {**workload.options, **chosen.options})
         elif profile.max_micro_batch_size and args.global_batch_size is not None:
@@ -299,7 +308,7 @@ class OneWorkload:
         self.shown, self.advised = (profile, advised) if args.json else (self.loaded, workload)
         self.advice += _short_memory_advice(self.shown, recommendation, self.advised)
         self.profile, self.recommendation = profile, recommendation
-        self.to_store = [o.profile for o in exploration.variants] if exploration else [profile]
+        self.to_store = to_store
         return self.to_store
 
     def _id(self, ids: list[int]) -> int | None:
