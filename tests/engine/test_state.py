@@ -157,7 +157,9 @@ def test_non_oom_error_propagates_unchanged_and_state_is_restored() -> None:
     optimizer = workload.build_optimizer()
     scramble_rng(99)
     before = snapshot(workload.model, optimizer)
-    with pytest.raises(WorkloadBug, match="label index out of range in call 4") as info:
+    # (The dry run calls the loss too, and steps aside when it raises: the real probe
+    # raises it again, to the user.)
+    with pytest.raises(WorkloadBug, match="label index out of range in call") as info:
         profile_workload(workload, CpuBackend(10**8))
     # The workload's own frames are in the traceback the user sees.
     frames = [entry.name for entry in info.traceback]
