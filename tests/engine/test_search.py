@@ -348,3 +348,18 @@ def test_model_search_with_predictions_takes_two_probes_when_exact_and_few_when_
     outcome = model_search(curve, cap=4096, budget_bytes=budget, predict=predict)
     assert_exact(outcome, curve, 4096)
     assert len(outcome.probes) <= most, [p.micro_batch_size for p in outcome.probes]
+
+
+@pytest.mark.parametrize("m_star", [3, 40, 700])
+def test_model_search_recovers_in_five_probes_from_predictions_far_too_low(m_star: int) -> None:
+    """Per-sample bytes predicted 60% low (a fused kernel's workspace the fake step does
+    not show): the guess runs out of memory unmeasured, size 1 and one aim from the probes'
+    rules give two measured points, the calibrated aim is M*: at most five probes."""
+    fixed, slope = 300 * MiB, 2 * MiB
+    footprint = affine(fixed, slope)
+    budget = (footprint(m_star) + footprint(m_star + 1)) // 2
+    curve = Curve(footprint, budget, capacity=budget + budget // 20, resident=250 * MiB)
+    predicted = Curve(affine(fixed, int(slope * 0.4)), budget, resident=250 * MiB)
+    outcome = model_search(curve, cap=4096, budget_bytes=budget, predict=predicted)
+    assert_exact(outcome, curve, 4096)
+    assert len(outcome.probes) <= 5, [p.micro_batch_size for p in outcome.probes]

@@ -52,9 +52,8 @@ def model_search(
     first finds the ``M*`` of the predictions (these rules, run on predicted probes, which
     cost no device memory) and starts there (:func:`hinted_search`): where the predictions
     are exact, ``M*`` fits and ``M* + 1`` does not, two probes. Every later aim takes the
-    predictions moved to agree with the probe at ``lo`` (their difference there, the
-    allocator's rounding and cache on a GPU, say, held constant), and the largest size they
-    say fits (:func:`_predicted_aim`). Without predictions:
+    predictions calibrated on the probes that ran (:func:`_predicted_aim`). Without
+    predictions:
 
     Peak memory is close to affine in the micro batch size, ``peak(m) ≈ a + b·m``, so
     ``M* ≈ ⌊(budget − a) / b⌋``. A step has two phases whose peaks grow differently: the
@@ -81,9 +80,9 @@ def model_search(
     if predict is not None:
         guess = _predicted_size(predict, cap=cap, budget_bytes=budget_bytes)
         if guess is not None:
-            return hinted_search(
-                probe, cap=cap, budget_bytes=budget_bytes, guess=guess, predict=predict
-            )
+            search = SearchRecorder(probe, cap)
+            search.run(min(max(guess, 1), cap))
+            return continue_with_model(search, budget_bytes=budget_bytes, predict=predict)
     return search_with_model(probe, cap=cap, budget_bytes=budget_bytes, rules=ModelRules())
 
 
@@ -108,8 +107,13 @@ def hinted_search(
     search = SearchRecorder(probe, cap)
     size = min(max(guess, 1), cap)
     if predict is not None:
-        # The predictions say where to go next from whatever the guess measured.
-        search.run(size)
+        # The predictions say where to go next from whatever the guess measured; a guess
+        # that ran out of memory before anything was measured is followed by their own
+        # M* below it, so a guess one too high costs one more probe.
+        if not search.run(size).fits and search.hi > 1 and size not in _measured(search):
+            below = _predicted_size(predict, cap=search.hi - 1, budget_bytes=budget_bytes)
+            if below is not None:
+                search.run(max(below, 1))
         return continue_with_model(search, budget_bytes=budget_bytes, predict=predict)
     if search.run(size).fits:
         if size < cap:
@@ -148,20 +152,30 @@ def continue_with_model(
     if search.lo < 1 and not search.settled and predict is None:
         raise ValueError("the model search continues from a size that fits")
     rules = rules or ModelRules()
-    slow_aims = 0
+    # Slow aims are counted per kind of aim (predicted, model), so that one kind's misses
+    # do not make the other give way to bisection; size 1 as a start is not an aim.
+    slow_aims = {"predicted": 0, "model": 0}
     while not search.settled:
         lo, width, was_open = search.lo, search.hi - search.lo, search.hi > search.cap
+        kind = "predicted"
         aim = None if predict is None else _predicted_aim(search, budget_bytes, predict)
         if aim is None and lo >= 1:
-            aim = _aim(search, budget_bytes, rules)
-        if aim is None or slow_aims >= 2:
-            aim, slow_aims = _fallback(search), 0
+            kind, aim = "model", _aim(search, budget_bytes, rules)
+        if aim is None and lo == 0 and 1 not in search.by_size:
+            kind, aim = "start", 1  # nothing measured fits yet: where the probes' rules start
+        if aim is None or slow_aims.get(kind, 0) >= 2:
+            kind, aim = "fallback", _fallback(search)
+            slow_aims = dict.fromkeys(slow_aims, 0)
         search.run(aim)
+        if kind == "fallback":
+            kind = "model"  # a bisection step is judged as the model's aims are
+        if kind not in slow_aims:
+            continue
         if rules.judge_open_aims_by_growth and was_open and search.hi > search.cap:
             slow = search.lo < 2 * lo
         else:
             slow = 2 * (search.hi - search.lo) > width
-        slow_aims = slow_aims + 1 if slow else 0
+        slow_aims[kind] = slow_aims[kind] + 1 if slow else 0
     return search.outcome()
 
 
@@ -200,14 +214,14 @@ def _predicted_aim(search: SearchRecorder, budget_bytes: int, predict: PredictFn
     from one, ``β = 0`` (a proportional error: of the two, the assumption that errs low, so
     the next probe fits and makes the second point). Then ``M*`` is the predictions' ``M*``
     for the budget ``(budget − β) / α``, found by the model rules on predicted probes below
-    ``hi``. Before anything was measured, after one probe, the predictions are taken as
-    they are; ``None`` after more, or without predictions."""
+    ``hi``. ``None`` without a measured footprint, or with one only after a probe ran out
+    of memory unmeasured (the predictions were far too low, and one point cannot say how
+    the error grows): the probes' own rules aim then, from size 1 while nothing fits."""
     lo, hi = search.lo, search.hi
-    measured = sorted(
-        (size for size, r in search.by_size.items() if r.footprint_bytes is not None),
-        key=lambda size: (size != lo, size != hi, abs(size - lo)),
-    )
-    if not measured and len(search.probes) > 1:
+    measured = sorted(_measured(search), key=lambda size: (size != lo, size != hi, abs(size - lo)))
+    if not measured or (len(measured) == 1 and _ran_out_unmeasured(search)):
+        # A probe that ran out of memory unmeasured showed the predictions far too low;
+        # one measured point cannot say how the error grows, the probes' own rules can.
         return None
     try:
         points = [
@@ -217,9 +231,7 @@ def _predicted_aim(search: SearchRecorder, budget_bytes: int, predict: PredictFn
             )
             for size in measured[:2]
         ]
-        # Nothing measured yet (the first probe ran out of memory): the predictions as
-        # they are, so a guess one too high costs one more probe.
-        scale, offset = _calibration(points) if points else (1.0, 0.0)  # type: ignore[arg-type]
+        scale, offset = _calibration(points)  # type: ignore[arg-type]
         target = int((budget_bytes - offset) / scale)
         found = search_with_model(
             lambda size: _predicted(predict, size, target),
@@ -230,6 +242,15 @@ def _predicted_aim(search: SearchRecorder, budget_bytes: int, predict: PredictFn
     except _NoPrediction:
         return None
     return min(max(found, lo + 1), hi - 1)
+
+
+def _measured(search: SearchRecorder) -> list[int]:
+    """Sizes probed with a footprint (those that ran out of memory mid-step have none)."""
+    return [size for size, r in search.by_size.items() if r.footprint_bytes is not None]
+
+
+def _ran_out_unmeasured(search: SearchRecorder) -> bool:
+    return any(r.footprint_bytes is None for r in search.by_size.values())
 
 
 def _calibration(points: list[tuple[int, int]]) -> tuple[float, float]:
