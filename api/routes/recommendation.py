@@ -12,13 +12,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.access_log import TOKEN_NAME
+from api.answers import recommendation as answers
 from api.cache import GenerationCache
 from api.db import Database
 from api.deps import authorize, bearer_token, current_generation, known_principal
 from api.models import utcnow
 from api.query_model import parse_query, query_openapi
 from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
-from api.store import recommendation as store
 from api.store.generation import DirectReader
 
 router = APIRouter(prefix="/recommendation", tags=["recommendation"])
@@ -118,14 +118,14 @@ async def computed_answer(
     reader: DirectReader = state.reader
     if reader.inline:
         public = reader.run(
-            lambda connection: store.recommend_on(connection, reader.dialect, query, now=utcnow())
+            lambda connection: answers.recommend_on(connection, reader.dialect, query, now=utcnow())
         )
     else:
         db: Database = state.db
 
         def compute() -> RecommendationPublic:
             with db.session() as session:
-                return store.recommend(session, query, now=utcnow())
+                return answers.recommend(session, query, now=utcnow())
 
         public = await run_in_threadpool(compute)
     answer = Answer.of(public)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from api.answers import recommendation
 from api.config import ServiceSettings
 from api.db import Database
 from api.errors import describe_invalid
@@ -29,7 +30,7 @@ from api.schemas.jobs import JobCreate, JobPublic
 from api.schemas.oom_reports import OomReportCreate, OomReportPublic
 from api.schemas.profiles import ProfileCreate, ProfilePublic, ProfileQuery, ProfilesPublic
 from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
-from api.store import jobs, oom_reports, profiles, recommendation
+from api.store import jobs, oom_reports, profiles
 from tuner.client.answer_cache import redact
 from tuner.core.errors import BadInputError, ServiceUnavailableError
 
