@@ -33,7 +33,7 @@ from api.store.recommendation import (
     WorkloadRow,
 )
 from tuner.core import lengths as lengths_fit
-from tuner.core import plan, worlds
+from tuner.core import plan, results, worlds
 from tuner.core.errors import BadInputError, NotFoundError, NothingFitsError
 from tuner.core.parallel import PARALLEL_MODES, ParallelMode
 
@@ -288,7 +288,7 @@ class _Answering:
             )
         lengths = list(measured)
         based_on = list(measured.values())
-        estimate = lengths_fit.estimate_length([s.profile for s in based_on], lengths, seq_len)
+        estimate = at_length([s.profile for s in based_on], lengths, seq_len)
         if estimate.max_micro_batch_size < 1:
             raise NothingFitsError(
                 f"estimated from seq_len {', '.join(map(str, lengths))}, not even one "
@@ -467,7 +467,7 @@ def _estimate(profiles: list[StoredProfile], world_size: int, mode: str) -> _Est
     """From the fit across two or more world sizes; from one smaller world size, its own
     M* (a rank's memory does not grow with the world size, so it still fits)."""
     if len(profiles) >= 2:
-        found = worlds.estimate_world_size([stored.profile for stored in profiles], world_size)
+        found = at_world_size([stored.profile for stored in profiles], world_size)
         return _Estimate(
             found.max_micro_batch_size,
             found.expected_peak_bytes or None,
@@ -493,3 +493,36 @@ def _estimate(profiles: list[StoredProfile], world_size: int, mode: str) -> _Est
         f"world size, so its largest micro batch is kept; profile at world size "
         f"{world_size} (or a second world size) for a larger one",
     )
+
+
+# The estimates the dashboard draws beside the answers: the same functions, so a page and
+# an answer cannot disagree about what a device, a world size or a length would hold.
+
+
+class DeviceEstimate(NamedTuple):
+    """``M*`` on a device never profiled, and the fit's footprint there."""
+
+    max_micro_batch_size: int
+    footprint_bytes: int | None
+
+
+def on_device(
+    fit: results.AffineFit, *, capacity_bytes: int, headroom: float, size_cap: int | None
+) -> DeviceEstimate:
+    """What a device with no profile of its own holds by another device's fit, as a
+    one-process answer estimates it (before the OOM reports and the global batch); a fit
+    that cannot estimate is a ``BadInputError`` saying why."""
+    found = plan.estimate_max_micro_batch(fit, capacity_bytes, headroom, size_cap=size_cap)
+    return DeviceEstimate(found, round(fit.predict(found)) if found > 0 else None)
+
+
+def at_world_size(profiles: list[results.Profile], world_size: int) -> worlds.WorldEstimate:
+    """``M*`` at ``world_size`` from the fit across two or more measured world sizes."""
+    return worlds.estimate_world_size(profiles, world_size)
+
+
+def at_length(
+    profiles: list[results.Profile], seq_lens: list[int], seq_len: int
+) -> lengths_fit.LengthEstimate:
+    """``M*`` at ``seq_len`` from the fit across two or more measured lengths."""
+    return lengths_fit.estimate_length(profiles, seq_lens, seq_len)
