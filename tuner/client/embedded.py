@@ -23,7 +23,7 @@ from api.answers import recommendation
 from api.config import ServiceSettings
 from api.db import Database
 from api.errors import describe_invalid
-from api.main import prepare_database
+from api.migrate import prepare_database
 from api.models import utcnow
 from api.schemas.common import Id
 from api.schemas.jobs import JobCreate, JobPublic

@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from api.schemas.common import API_PREFIX
 from api.schemas.jobs import JobPublic
 from api.schemas.oom_reports import OomReportPublic
 from api.schemas.profiles import ProfilePublic, ProfilesPublic
 from api.schemas.recommendation import RecommendationPublic
 from tuner.client.transport import Transport
-
-API_PREFIX = "/api/v1"
 
 
 class RestStore:
