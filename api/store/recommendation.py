@@ -293,7 +293,10 @@ class RecommendationRows:
         )
         if not measured:
             return None
-        return Measured(*measured[0][:5], _plan_probes(measured))
+        profile_id, created_at, max_micro_batch_size, headroom, limit = measured[0][:5]
+        return Measured(
+            profile_id, created_at, max_micro_batch_size, headroom, limit, _plan_probes(measured)
+        )
 
     def newest_fit(self, workload_id: int) -> NewestFit | None:
         """The workload's newest fit on any device, if one can estimate sizes."""
