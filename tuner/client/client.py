@@ -35,6 +35,7 @@ from typing import Any, overload
 from pydantic import Field, JsonValue, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from api.schemas.common import API_PREFIX
 from api.schemas.jobs import JobPublic
 from api.schemas.oom_reports import OomReportPublic
 from api.schemas.profiles import ProfilePublic, ProfilesPublic
@@ -528,7 +529,7 @@ def _printed_profile(document: Mapping[str, Any]) -> Profile:
     if "profiles" in document:
         raise BadInputError(
             "this is a tuner profile --seq-lens document: upload each of its 'profiles' "
-            "(or POST the whole document to /api/v1/profiles)"
+            f"(or POST the whole document to {API_PREFIX}/profiles)"
         )
     try:
         return ProfileReport.model_validate(dict(document))
