@@ -7,7 +7,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import migrate
 from api.access_log import AccessLog
 from api.cache import GenerationCache, SingleFlight
 from api.config import ServiceSettings
@@ -15,6 +14,7 @@ from api.dashboard.routes import install as install_dashboard
 from api.db import Database
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit, WriteLimiter
+from api.migrate import prepare_database
 from api.routes import (
     devices,
     health,
@@ -25,25 +25,9 @@ from api.routes import (
     workers,
     workloads,
 )
+from api.schemas.common import API_PREFIX
 from api.store.generation import DirectReader
 from tuner.core import __version__
-from tuner.core.errors import BadInputError
-
-API_PREFIX = "/api/v1"
-
-
-def prepare_database(settings: ServiceSettings) -> None:
-    """SQLite is created and migrated on first start; PostgreSQL must be at the head
-    revision already (`tuner db upgrade`), since a fleet's schema changes deliberately."""
-    if settings.database_url.startswith("sqlite"):
-        migrate.upgrade(settings.database_url)
-        return
-    current, head = migrate.current_revision(settings.database_url), migrate.head_revision()
-    if current != head:
-        raise BadInputError(
-            f"the database is at schema revision {current or '(empty)'} but this service "
-            f"needs {head}: run `tuner db upgrade` with the same TUNER_DATABASE_URL"
-        )
 
 
 def create_app(settings: ServiceSettings | None = None, *, prepare: bool = True) -> FastAPI:

@@ -9,7 +9,9 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from api.config import ServiceSettings
 from api.db import create_db_engine
+from tuner.core.errors import BadInputError
 
 # Installed, api/migrations is a package inside the wheel; in a checkout it is a link to
 # the top-level migrations/ folder.
@@ -42,3 +44,17 @@ def current_revision(url: str) -> str | None:
             return MigrationContext.configure(connection).get_current_revision()
     finally:
         engine.dispose()
+
+
+def prepare_database(settings: ServiceSettings) -> None:
+    """SQLite is created and migrated on first start; PostgreSQL must be at the head
+    revision already (`tuner db upgrade`), since a fleet's schema changes deliberately."""
+    if settings.database_url.startswith("sqlite"):
+        upgrade(settings.database_url)
+        return
+    current, head = current_revision(settings.database_url), head_revision()
+    if current != head:
+        raise BadInputError(
+            f"the database is at schema revision {current or '(empty)'} but this service "
+            f"needs {head}: run `tuner db upgrade` with the same TUNER_DATABASE_URL"
+        )

@@ -1,7 +1,7 @@
 """The calculator: a recommendation question read from a page's query string, answered by
 the recommendation route's own code.
 
-The page asks :func:`api.routes.recommendation.cached_or_computed` (what
+The page asks :func:`api.answers.cached.cached_or_computed` (what
 ``GET /api/v1/recommendation`` calls, its cache included) and shows the JSON that route
 sends, parsed: the dashboard derives nothing of its own, so what a page shows and what a
 training job receives for the same question cannot differ. A refusal is the route's own
@@ -19,9 +19,9 @@ from urllib.parse import urlencode
 from fastapi import Request
 from pydantic import ValidationError
 
+from api.answers.cached import QUESTION_ORDER, cached_or_computed
 from api.deps import current_generation
 from api.errors import STATUS_BY_CODE, describe_invalid
-from api.routes.recommendation import QUESTION_ORDER, cached_or_computed
 from api.schemas.recommendation import RecommendationQuery
 from tuner.core import plan
 from tuner.core.errors import TunerError

@@ -2,7 +2,7 @@
 
 Workloads built for different sequence lengths of one model have keys of their own and share
 a ``length_family``. For each device: the measured points (the newest one-process profile at
-each length) and, from two lengths on, the answers ``tuner.core.lengths.estimate_length``
+each length) and, from two lengths on, the answers ``api.answers.recommendation.at_length``
 gives (the recommendation's own estimate) across the whole range it answers, half the
 shortest length to 1.25 times the longest, sampled at :data:`CURVE_POINTS` lengths.
 """
@@ -15,6 +15,7 @@ from itertools import pairwise
 from typing import Any, Literal
 
 from api import models
+from api.answers.recommendation import at_length
 from api.store.profiles import to_result
 from tuner.core import lengths
 from tuner.core.errors import BadInputError
@@ -145,7 +146,7 @@ def _device(device_id: int, name: str, by_length: dict[int, models.Profile]) -> 
     curve = {round(low + i * step) for i in range(CURVE_POINTS)}
     try:
         estimates = [
-            lengths.estimate_length(profiles, seq_lens, s)
+            at_length(profiles, seq_lens, s)
             for s in sorted((curve | _landmarks(seq_lens)) - set(seq_lens))
         ]
     except BadInputError as exc:

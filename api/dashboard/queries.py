@@ -17,6 +17,7 @@ from sqlalchemy import ColumnElement, and_, exists, func, select
 from sqlalchemy.orm import Session, aliased
 
 from api import models
+from api.answers import recommendation as answers
 from api.dashboard.format import fmt_bytes, mode_label, oom_cap, variant_text
 from api.schemas.profiles import ProfilePublic
 from api.store.oom_reports import smallest_limit
@@ -736,15 +737,18 @@ def _estimated(
         oom_limit=oom,
     )
     try:
-        estimate = plan.estimate_max_micro_batch(
-            fit, device.capacity_bytes, source.headroom, size_cap=source.size_cap
+        estimate = answers.on_device(
+            fit,
+            capacity_bytes=device.capacity_bytes,
+            headroom=source.headroom,
+            size_cap=source.size_cap,
         )
     except BadInputError as exc:
         return replace(base, basis="none", note=exc.message)
     return replace(
         base,
-        max_micro_batch_size=estimate,
-        footprint_bytes=round(fit.predict(estimate)) if estimate > 0 else None,
+        max_micro_batch_size=estimate.max_micro_batch_size,
+        footprint_bytes=estimate.footprint_bytes,
         source_device_name=source.device.name,
     )
 

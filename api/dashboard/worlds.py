@@ -3,9 +3,9 @@
 A workload's one-process, DDP and FSDP variants are separate workloads (the mode is part of
 the key) sharing a name and a model; the page gathers them. For each device and mode:
 the measured points (the newest profile at each world size), the estimate line where two
-or more world sizes were measured (``tuner.core.worlds``, the fit the recommendation
-endpoint answers unmeasured world sizes with), and each measured profile's per-rank
-breakdown at its M*.
+or more world sizes were measured (``api.answers.recommendation.at_world_size``, the fit
+the recommendation endpoint answers unmeasured world sizes with), and each measured
+profile's per-rank breakdown at its M*.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api import models
+from api.answers.recommendation import at_world_size
 from api.store.profiles import to_result
-from tuner.core import worlds
 from tuner.core.errors import BadInputError
 from tuner.core.results import MemoryBreakdown, Profile
 
@@ -134,7 +134,7 @@ def _series(mode: str, by_world: dict[int, models.Profile]) -> ModeSeries:
     profiles: list[Profile] = [to_result(by_world[w]) for w in sorted(by_world)]
     end = max(SMALLEST_RANGE, 2 * max(by_world))
     try:
-        estimate = {w: worlds.estimate_world_size(profiles, w) for w in range(1, end + 1)}
+        estimate = {w: at_world_size(profiles, w) for w in range(1, end + 1)}
     except BadInputError as exc:
         return ModeSeries(mode, points, note=f"no estimate: {exc.message}")
     error = next(iter(estimate.values())).fit.max_relative_error

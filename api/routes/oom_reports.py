@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
+from api import service
 from api.deps import DatabaseDep, WriteAccess
 from api.schemas.oom_reports import OomReportCreate, OomReportPublic
-from api.store import oom_reports as store
 
 router = APIRouter(prefix="/oom-reports", tags=["oom-reports"])
 
@@ -17,8 +17,7 @@ def create_oom_report(
 ) -> OomReportPublic:
     """Report an OOM at a micro batch: recommendations stay below it until a newer profile
     (201; the same report again under its idempotency key answers 200)."""
-    with db.session(write=True) as session:
-        report, created = store.add_oom_report(session, body, token_id=caller.token_id)
-        if not created:
-            response.status_code = status.HTTP_200_OK
-        return report
+    report, created = service.report_oom(db, body, token_id=caller.token_id)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return report

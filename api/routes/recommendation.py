@@ -1,47 +1,21 @@
-"""The recommendation: micro batch, accumulation steps and the split of one step."""
+"""The recommendation: micro batch, accumulation steps and the split of one step.
+
+The answer is :mod:`api.answers`' (decided in ``recommendation``, kept in ``cached``);
+this module only reads the request and sends the answer."""
 
 from __future__ import annotations
 
-import re
-import time
-from typing import Any, NamedTuple
-from urllib.parse import quote_plus
-
 from fastapi import APIRouter, Request, Response
-from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.access_log import TOKEN_NAME
+from api.answers.cached import Answer, cached_or_computed
 from api.cache import GenerationCache
-from api.db import Database
 from api.deps import authorize, bearer_token, current_generation, known_principal
-from api.models import utcnow
 from api.query_model import parse_query, query_openapi
 from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
-from api.store import recommendation as store
-from api.store.generation import DirectReader
 
 router = APIRouter(prefix="/recommendation", tags=["recommendation"])
-
-
-class Answer(NamedTuple):
-    """An answer ready to send: its JSON but for the age, the one part that moves.
-
-    A tuple of bytes and a float, which the garbage collector stops tracking: tens of
-    thousands of cached answers add nothing to the time of a full collection.
-    """
-
-    head: bytes  # the JSON object without profile_age_s and without its closing brace
-    measured_at: float  # POSIX seconds
-
-    @classmethod
-    def of(cls, public: RecommendationPublic) -> Answer:
-        document = public.model_dump_json(exclude={"profile_age_s"})
-        return cls(document[:-1].encode(), public.profile_created_at.timestamp())
-
-    def body(self) -> bytes:
-        age = max(0.0, time.time() - self.measured_at)
-        return b'%s,"profile_age_s":%s}' % (self.head, repr(age).encode())
 
 
 @router.get(
@@ -64,76 +38,6 @@ async def get_recommendation(request: Request) -> Response:
         query = parse_query(request, RecommendationQuery)
         answer = await cached_or_computed(request.app.state, query, generation)
     return Response(answer.body(), media_type="application/json")
-
-
-# The order the Python client asks in (tuner.client's Question), so that its questions,
-# spelled as this key spells them, are found without being parsed.
-QUESTION_ORDER = (
-    "workload",
-    "device",
-    "global_batch_size",
-    "world_size",
-    "policy",
-    "parallel",
-    "seq_len",
-    "tokens_per_micro_batch",
-)
-
-
-# The characters ``quote_plus`` leaves as they are.
-_UNQUOTED = re.compile(r"[A-Za-z0-9_.~-]*")
-
-
-def question_key(query: RecommendationQuery) -> bytes:
-    """The question's cache key: its validated fields, query-encoded in one order.
-
-    A question spelled another way (parameters reordered, padded with ``&``, a number
-    written ``064``) has the same key, so a client cannot grow the cache by respelling one
-    question; a request whose query string *is* the key (as the Python client sends it) is
-    looked up before being parsed, the cached answer's fast path.
-    """
-    # What ``urlencode`` of the fields would give, without its cost where a value needs no
-    # quoting (keys, numbers, modes: nearly every question): 15 us of a cold answer's 190.
-    parts = []
-    for name in QUESTION_ORDER:
-        value = getattr(query, name)
-        if value is None:
-            continue
-        text = str(value)  # strings, whole numbers and modes (Literal strings)
-        parts.append(f"{name}={text if _UNQUOTED.fullmatch(text) else quote_plus(text)}")
-    return "&".join(parts).encode()
-
-
-async def cached_or_computed(state: Any, query: RecommendationQuery, generation: int) -> Answer:
-    """The answer to ``query``: cached under its key, or computed and cached."""
-    key = question_key(query)
-    cache: GenerationCache[Answer] = state.recommendations
-    return cache.get(key, generation) or await computed_answer(state, query, key, generation)
-
-
-async def computed_answer(
-    state: Any, query: RecommendationQuery, key: bytes, generation: int
-) -> Answer:
-    """The answer to ``query`` from the store, kept for ``generation`` under ``key``."""
-    reader: DirectReader = state.reader
-    if reader.inline:
-        public = reader.run(
-            lambda connection: store.recommend_on(connection, reader.dialect, query, now=utcnow())
-        )
-    else:
-        db: Database = state.db
-
-        def compute() -> RecommendationPublic:
-            with db.session() as session:
-                return store.recommend(session, query, now=utcnow())
-
-        public = await run_in_threadpool(compute)
-    answer = Answer.of(public)
-    # Read before the store was, so a write in between only makes the answer newer than
-    # its generation, and the next request (seeing the new one) computes afresh.
-    cache: GenerationCache[Answer] = state.recommendations
-    cache.put(key, generation, answer)
-    return answer
 
 
 class CachedAnswers:

@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
 
-from api import models
+from api import service
 from api.deps import DatabaseDep, ReadAccess, SettingsDep, WorkerAccess
 from api.schemas.common import INT32_MAX
-from api.schemas.jobs import JobClaim, JobPublic, Lease
+from api.schemas.jobs import JobClaim
 from api.schemas.workers import WorkerCreate, WorkerPublic, WorkersPublic
 from api.store import jobs as store
 
@@ -18,35 +18,23 @@ router = APIRouter(prefix="/workers", tags=["workers"])
 WorkerId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the id registration gave")]
 
 
-def _public(worker: models.Worker) -> WorkerPublic:
-    return WorkerPublic(
-        id=worker.id,
-        name=worker.name,
-        device_key=worker.device.key,
-        device_name=worker.device.name,
-        registered_at=worker.registered_at,
-        last_heartbeat_at=worker.last_heartbeat_at,
-    )
-
-
 @router.post("", status_code=status.HTTP_201_CREATED)
 def register_worker(
     body: WorkerCreate, db: DatabaseDep, caller: WorkerAccess, response: Response
 ) -> WorkerPublic:
     """Register a worker and its device (the device is created if new): 201; the same
     registration again under its idempotency key answers 200 with that worker."""
-    with db.session(write=True) as session:
-        worker, created = store.register_worker(session, body, caller)
-        if not created:
-            response.status_code = status.HTTP_200_OK
-        return _public(worker)
+    worker, created = service.register_worker(db, body, caller)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return worker
 
 
 @router.get("")
 def list_workers(db: DatabaseDep, _: ReadAccess) -> WorkersPublic:
     """List registered workers with their devices and last sign of life."""
     with db.session() as session:
-        workers = [_public(worker) for worker in store.list_workers(session)]
+        workers = [service.worker_public(worker) for worker in store.list_workers(session)]
     return WorkersPublic(data=workers, count=len(workers))
 
 
@@ -54,7 +42,7 @@ def list_workers(db: DatabaseDep, _: ReadAccess) -> WorkersPublic:
 def heartbeat(worker_id: WorkerId, db: DatabaseDep, caller: WorkerAccess) -> WorkerPublic:
     """Record that the worker is alive (only its own token, or an admin's, may)."""
     with db.session(write=True) as session:
-        return _public(store.touch_worker(session, worker_id, caller))
+        return service.worker_public(store.touch_worker(session, worker_id, caller))
 
 
 @router.post(
@@ -76,18 +64,9 @@ def claim(
 ) -> JobClaim | Response:
     """Claim the oldest queued job for the worker's device and ranks under a lease; 204
     when none."""
-    with db.session(write=True) as session:
-        claimed = store.claim_job(
-            session, worker_id, caller, lease_seconds=settings.lease_seconds, ranks=ranks
-        )
-        if claimed is None:
-            return Response(status_code=status.HTTP_204_NO_CONTENT)
-        job, lease = claimed
-        return JobClaim(
-            job=JobPublic.model_validate(job),
-            lease=Lease(
-                lease_id=lease.lease_id,
-                lease_expires_at=lease.lease_expires_at,
-                lease_seconds=lease.lease_seconds,
-            ),
-        )
+    claimed = service.claim_job(
+        db, worker_id, caller, lease_seconds=settings.lease_seconds, ranks=ranks
+    )
+    if claimed is None:
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    return claimed

@@ -24,6 +24,9 @@ from pydantic import (
     model_validator,
 )
 
+# Where the REST API lives: the service mounts its routers here, clients and workers call here.
+API_PREFIX = "/api/v1"
+
 INT32_MAX = 2**31 - 1  # SQL INTEGER on PostgreSQL
 INT64_MAX = 2**63 - 1  # SQL BIGINT
 MAX_PAGE_SIZE = 500

@@ -23,6 +23,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from api import models
+from api.schemas.common import API_PREFIX
 from api.schemas.jobs import JobCreate, JobQuery
 from api.schemas.workers import WorkerCreate
 from api.security import Principal
@@ -82,7 +83,7 @@ def get_worker(session: Session, worker_id: int) -> models.Worker:
         session,
         models.Worker,
         worker_id,
-        missing="no worker with id {id}: register again with POST /api/v1/workers",
+        missing=f"no worker with id {{id}}: register again with POST {API_PREFIX}/workers",
     )
 
 
@@ -103,7 +104,7 @@ def check_acts_for(worker: models.Worker, caller: Principal) -> None:
         return
     raise PermissionDeniedError(
         f"worker {worker.id} ({worker.name!r}) was registered with another token: a token "
-        "acts only for the workers it registered; register this one with POST /api/v1/workers"
+        f"acts only for the workers it registered; register this one with POST {API_PREFIX}/workers"
     )
 
 
@@ -145,7 +146,7 @@ def create_job(
     return insert_once(session, job, key=key, replay=replay)
 
 
-_NO_JOB = "no job with id {id}; GET /api/v1/jobs lists them"
+_NO_JOB = f"no job with id {{id}}; GET {API_PREFIX}/jobs lists them"
 
 
 def get_job(session: Session, job_id: int) -> models.Job:

@@ -44,16 +44,18 @@ from sqlalchemy import (
 )
 
 from api import models
+from api.schemas.common import API_PREFIX
 from tuner.core.errors import NotFoundError
 
 Named = type[models.Workload] | type[models.Device]
 
 DEVICE_MISSING = (
     "a device becomes known when a worker registers on it or a profile from it is uploaded; "
-    "GET /api/v1/devices lists the known ones"
+    f"GET {API_PREFIX}/devices lists the known ones"
 )
 WORKLOAD_MISSING = (
-    "profile it first (`tuner profile TARGET --upload`); GET /api/v1/workloads lists the known ones"
+    "profile it first (`tuner profile TARGET --upload`); "
+    f"GET {API_PREFIX}/workloads lists the known ones"
 )
 
 

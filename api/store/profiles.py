@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session, lazyload
 
 from api import models
-from api.schemas.common import PageQuery
+from api.schemas.common import API_PREFIX, PageQuery
 from api.schemas.devices import DeviceCreate
 from api.schemas.profiles import ProfilePublic, ProfileQuery, ProfileSummary
 from api.schemas.workloads import WorkloadCreate
@@ -161,7 +161,7 @@ def get_device(session: Session, device_id: int) -> models.Device:
         session,
         models.Device,
         device_id,
-        missing="no device with id {id}: GET /api/v1/devices lists them",
+        missing=f"no device with id {{id}}: GET {API_PREFIX}/devices lists them",
     )
 
 
@@ -170,7 +170,7 @@ def get_workload(session: Session, workload_id: int) -> models.Workload:
         session,
         models.Workload,
         workload_id,
-        missing="no workload with id {id}: GET /api/v1/workloads lists them",
+        missing=f"no workload with id {{id}}: GET {API_PREFIX}/workloads lists them",
     )
 
 
@@ -510,7 +510,7 @@ def get_profile(session: Session, profile_id: int) -> models.Profile:
         session,
         models.Profile,
         profile_id,
-        missing="no profile with id {id}: GET /api/v1/profiles lists them",
+        missing=f"no profile with id {{id}}: GET {API_PREFIX}/profiles lists them",
     )
 
 

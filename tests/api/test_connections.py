@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from api import migrate
+from api.answers.cached import question_key
 from api.config import ServiceSettings
 from api.db import Database
 from api.main import create_app
-from api.routes.recommendation import question_key
 from api.schemas.recommendation import RecommendationQuery
 from tests.api.conftest import make_token
 from tests.api.documents import sample_profile

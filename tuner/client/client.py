@@ -30,25 +30,24 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, overload
+from typing import Any, overload
 
 from pydantic import Field, JsonValue, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from api.schemas.common import API_PREFIX
 from api.schemas.jobs import JobPublic
 from api.schemas.oom_reports import OomReportPublic
 from api.schemas.profiles import ProfilePublic, ProfilesPublic
 from api.schemas.recommendation import RecommendationPublic
-from tuner.client.answer_cache import AnswerCache, Question, default_cache_dir, redact
+from tuner.client.answer_cache import AnswerCache, Question, default_cache_dir
+from tuner.client.store import open_store
 from tuner.core import plan
 from tuner.core.errors import BadInputError, ServiceUnavailableError, TunerError
 from tuner.core.reports import ProfileReport
 from tuner.core.results import Profile
 
-HTTP_SCHEMES = ("http", "https")
-DATABASE_SCHEMES = ("sqlite", "postgresql", "postgres")
 FINISHED = ("succeeded", "failed")
-SERVER_EXTRA = "pip install 'microbatch-tuner[server]'"
 
 
 class TunerClientWarning(UserWarning):
@@ -95,52 +94,6 @@ class ClientSettings(BaseSettings):
     retries: int = Field(default=3, ge=0, description="retries of a request that may succeed")
     cache_dir: Path | None = Field(
         default=None, description="where answers are kept for offline use"
-    )
-
-
-class Store(Protocol):
-    """What the client needs of a store; one implementation per kind of URL.
-
-    Arguments are what would go on the wire (query parameters, JSON bodies), so each
-    implementation checks them exactly where the service does.
-    """
-
-    url: str
-
-    def close(self) -> None: ...
-    def recommend(self, params: Mapping[str, Any]) -> RecommendationPublic: ...
-    def upload_profile(self, document: Mapping[str, Any]) -> ProfilePublic: ...
-    def get_profile(self, profile_id: int) -> ProfilePublic: ...
-    def list_profiles(self, params: Mapping[str, Any]) -> ProfilesPublic: ...
-    def report_oom(self, body: Mapping[str, Any]) -> OomReportPublic: ...
-    def queue_job(self, body: Mapping[str, Any]) -> JobPublic: ...
-    def get_job(self, job_id: int) -> JobPublic: ...
-
-
-def open_store(
-    url: str, *, token: str | None, timeout: float, retries: int, backoff: float
-) -> Store:
-    """The REST store for ``http(s)://…``, the embedded one for a database URL."""
-    scheme = url.partition(":")[0].lower()
-    if scheme in HTTP_SCHEMES:
-        from tuner.client.rest import RestStore
-
-        return RestStore(url, token=token, timeout=timeout, retries=retries, backoff=backoff)
-    if scheme.partition("+")[0] in DATABASE_SCHEMES:
-        try:
-            from tuner.client.embedded import EmbeddedStore
-
-            return EmbeddedStore(url)
-        except ImportError as exc:
-            raise BadInputError(
-                f"{redact(url)} is a database: the client opens it in this process, which needs "
-                f"the service's packages ({exc.name or exc} is missing): {SERVER_EXTRA}, or "
-                "use the service's http(s):// URL"
-            ) from None
-    raise BadInputError(
-        f"cannot use {redact(url)!r} as TUNER_URL: give the service (http://host:8000 or "
-        "https://...) or a database to use without a server (sqlite:///path/to/tuner.db "
-        "or postgresql://user@host/dbname)"
     )
 
 
@@ -576,7 +529,7 @@ def _printed_profile(document: Mapping[str, Any]) -> Profile:
     if "profiles" in document:
         raise BadInputError(
             "this is a tuner profile --seq-lens document: upload each of its 'profiles' "
-            "(or POST the whole document to /api/v1/profiles)"
+            f"(or POST the whole document to {API_PREFIX}/profiles)"
         )
     try:
         return ProfileReport.model_validate(dict(document))

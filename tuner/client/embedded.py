@@ -1,9 +1,9 @@
 """The store in this process: ``sqlite:///…`` or ``postgresql://…`` without a server.
 
-Each method does what its route does (``api/routes``): the same request schema checks its
-input (a failure is the same ``BadInputError`` the service would answer with a 422), the
-same store function runs in the same kind of session, and the same response schema comes
-back. No token is checked: whoever can open the database holds every scope.
+Each method calls the service function its route calls (``api.service``): the same request
+schema checks its input first (a failure is the same ``BadInputError`` the service would
+answer with a 422), and the same response schema comes back. No token is checked: whoever
+can open the database holds every scope.
 
 Imported only when a client is given a database URL, since it needs the server extra
 (SQLAlchemy, Alembic, psycopg).
@@ -17,24 +17,34 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session
 
+from api import service
 from api.config import ServiceSettings
 from api.db import Database
 from api.errors import describe_invalid
-from api.main import prepare_database
-from api.models import utcnow
+from api.migrate import prepare_database
 from api.schemas.common import Id
-from api.schemas.jobs import JobCreate, JobPublic
+from api.schemas.jobs import (
+    JobClaim,
+    JobCreate,
+    JobFailure,
+    JobPublic,
+    JobResult,
+    Lease,
+    LeaseRef,
+)
 from api.schemas.oom_reports import OomReportCreate, OomReportPublic
 from api.schemas.profiles import ProfileCreate, ProfilePublic, ProfileQuery, ProfilesPublic
 from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
-from api.store import jobs, oom_reports, profiles, recommendation
+from api.schemas.workers import WorkerCreate, WorkerPublic
+from api.security import SCOPES, Principal
 from tuner.client.answer_cache import redact
 from tuner.core.errors import BadInputError, ServiceUnavailableError
 
 Request = TypeVar("Request", bound=BaseModel)
 _ROW_ID: TypeAdapter[int] = TypeAdapter(Id)
+# Whoever opens the database: every scope, and no token (rows it writes belong to nobody's).
+_OWNER = Principal(None, "database", frozenset(SCOPES))
 
 
 def _parse(model: type[Request], data: Mapping[str, Any], location: str) -> Request:
@@ -65,8 +75,8 @@ class EmbeddedStore:
         self._db.dispose()
 
     @contextmanager
-    def _session(self, *, write: bool = False) -> Iterator[Session]:
-        """A session of the route's kind; a database that cannot be reached is a
+    def _prepared_db(self) -> Iterator[Database]:
+        """The database, prepared on first use; a database that cannot be reached is a
         ServiceUnavailableError, as a service that cannot be reached is."""
         try:
             if not self._prepared:
@@ -74,8 +84,7 @@ class EmbeddedStore:
                 # use; PostgreSQL must already be at the head revision (`tuner db upgrade`).
                 prepare_database(self._settings)
                 self._prepared = True
-            with self._db.session(write=write) as session:
-                yield session
+            yield self._db
         except OperationalError as exc:
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
             raise ServiceUnavailableError(
@@ -84,50 +93,74 @@ class EmbeddedStore:
 
     def recommend(self, params: Mapping[str, Any]) -> RecommendationPublic:
         query = _parse(RecommendationQuery, params, "query")
-        with self._session() as session:
-            return recommendation.recommend(session, query, now=utcnow())
+        with self._prepared_db() as db:
+            return service.recommend(db, query)
 
     def upload_profile(self, document: Mapping[str, Any]) -> ProfilePublic:
         body = _parse(ProfileCreate, document, "body")
-        with self._session(write=True) as session:
-            row, _created = profiles.save_profile(session, body)
-            return profiles.to_public(row)
+        with self._prepared_db() as db:
+            # No token here: rows belong to whoever uses this database directly.
+            return service.upload_profile(db, body, registered_by=None)[0]
 
     def get_profile(self, profile_id: int) -> ProfilePublic:
         profile_id = _row_id(profile_id, "profile_id")
-        with self._session() as session:
-            return profiles.to_public(profiles.get_profile(session, profile_id))
+        with self._prepared_db() as db:
+            return service.get_profile(db, profile_id)
 
     def list_profiles(self, params: Mapping[str, Any]) -> ProfilesPublic:
         query = _parse(ProfileQuery, params, "query")
-        with self._session() as session:
-            rows, count, token = profiles.list_profiles(session, query)
-            return ProfilesPublic(
-                data=[profiles.to_summary(row) for row in rows], count=count, next_page_token=token
-            )
+        with self._prepared_db() as db:
+            return service.list_profiles(db, query)
 
     def report_oom(self, body: Mapping[str, Any]) -> OomReportPublic:
         report = _parse(OomReportCreate, body, "body")
-        with self._session(write=True) as session:
-            # No token here: keys belong to whoever uses this database directly.
-            stored, _created = oom_reports.add_oom_report(session, report, token_id=None)
-            return stored
+        with self._prepared_db() as db:
+            return service.report_oom(db, report, token_id=None)[0]
 
     def queue_job(self, body: Mapping[str, Any]) -> JobPublic:
         job = _parse(JobCreate, body, "body")
-        with self._session(write=True) as session:
-            row, _created = jobs.create_job(
-                session, job, max_attempts=self._settings.max_attempts, token_id=None
-            )
-            return JobPublic.model_validate(row)
+        with self._prepared_db() as db:
+            return service.queue_job(
+                db, job, max_attempts=self._settings.max_attempts, token_id=None
+            )[0]
 
     def get_job(self, job_id: int) -> JobPublic:
         job_id = _row_id(job_id, "job_id")
-        # Leases that ran out are swept first, as the service does before every read.
-        with self._session() as session:
-            expired = jobs.has_expired_leases(session)
-        if expired:
-            with self._session(write=True) as session:
-                jobs.expire_leases(session)
-        with self._session() as session:
-            return JobPublic.model_validate(jobs.get_job(session, job_id))
+        with self._prepared_db() as db:
+            return service.get_job(db, job_id)
+
+    def register_worker(self, body: Mapping[str, Any]) -> WorkerPublic:
+        worker = _parse(WorkerCreate, body, "body")
+        with self._prepared_db() as db:
+            return service.register_worker(db, worker, _OWNER)[0]
+
+    def claim_job(self, worker_id: int, *, ranks: int) -> JobClaim | None:
+        worker_id = _row_id(worker_id, "worker_id")
+        with self._prepared_db() as db:
+            return service.claim_job(
+                db, worker_id, _OWNER, lease_seconds=self._settings.lease_seconds, ranks=ranks
+            )
+
+    def extend_lease(self, job_id: int, body: Mapping[str, Any]) -> Lease:
+        job_id, ref = _row_id(job_id, "job_id"), _parse(LeaseRef, body, "body")
+        with self._prepared_db() as db:
+            return service.extend_lease(
+                db, job_id, ref.lease_id, _OWNER, lease_seconds=self._settings.lease_seconds
+            )
+
+    def submit_result(self, job_id: int, body: Mapping[str, Any]) -> JobPublic:
+        job_id, result = _row_id(job_id, "job_id"), _parse(JobResult, body, "body")
+        with self._prepared_db() as db:
+            return service.complete_job(db, job_id, result.lease_id, _OWNER, result.profile)
+
+    def report_failure(self, job_id: int, body: Mapping[str, Any]) -> JobPublic:
+        job_id, failure = _row_id(job_id, "job_id"), _parse(JobFailure, body, "body")
+        with self._prepared_db() as db:
+            return service.fail_job(
+                db,
+                job_id,
+                failure.lease_id,
+                _OWNER,
+                reason=failure.reason,
+                retryable=failure.retryable,
+            )

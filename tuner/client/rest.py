@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from api.schemas.jobs import JobPublic
+from api.schemas.common import API_PREFIX
+from api.schemas.jobs import JobClaim, JobPublic, Lease
 from api.schemas.oom_reports import OomReportPublic
 from api.schemas.profiles import ProfilePublic, ProfilesPublic
 from api.schemas.recommendation import RecommendationPublic
+from api.schemas.workers import WorkerPublic
 from tuner.client.transport import Transport
-
-API_PREFIX = "/api/v1"
 
 
 class RestStore:
@@ -56,3 +56,25 @@ class RestStore:
 
     def get_job(self, job_id: int) -> JobPublic:
         return JobPublic.model_validate(self._call("GET", f"/jobs/{job_id}"))
+
+    def register_worker(self, body: Mapping[str, Any]) -> WorkerPublic:
+        return WorkerPublic.model_validate(self._call("POST", "/workers", json=dict(body)))
+
+    def claim_job(self, worker_id: int, *, ranks: int) -> JobClaim | None:
+        reply = self._call("POST", f"/workers/{worker_id}/claim", params={"ranks": ranks})
+        return None if reply is None else JobClaim.model_validate(reply)  # 204: none queued
+
+    def extend_lease(self, job_id: int, body: Mapping[str, Any]) -> Lease:
+        return Lease.model_validate(
+            self._call("POST", f"/jobs/{job_id}/heartbeat", json=dict(body))
+        )
+
+    def submit_result(self, job_id: int, body: Mapping[str, Any]) -> JobPublic:
+        return JobPublic.model_validate(
+            self._call("POST", f"/jobs/{job_id}/result", json=dict(body))
+        )
+
+    def report_failure(self, job_id: int, body: Mapping[str, Any]) -> JobPublic:
+        return JobPublic.model_validate(
+            self._call("POST", f"/jobs/{job_id}/failure", json=dict(body))
+        )

@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
+from pydantic import BeforeValidator, Field
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from tuner.client.transport import Transport
+from tuner.client.store import JobClaim, JobPublic, Lease, Store, open_store
 from tuner.core.errors import (
     BadInputError,
     ConflictError,
@@ -161,42 +161,15 @@ def describe_main(argv: list[str]) -> int:
     return 0
 
 
-# Jobs as the worker sees them
-
-
-class _Reply(BaseModel):
-    # Only what the worker uses; newer services may send more.
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class ClaimedJob(_Reply):
-    id: int
-    target: str
-    options: dict[str, JsonValue] = Field(default_factory=dict)
-    settings: dict[str, JsonValue] = Field(default_factory=dict)
-    device: str
-
-
-class ClaimedLease(_Reply):
-    lease_id: str
-    lease_seconds: float
-
-
-class Claim(_Reply):
-    job: ClaimedJob
-    lease: ClaimedLease
-
-
 # The lease keeper
 
 
 class LeaseKeeper:
     """Heartbeats one job's lease from a thread until stopped or the lease is lost."""
 
-    def __init__(self, transport: Transport, job_id: int, lease: ClaimedLease, log: Log) -> None:
-        self._transport = transport
+    def __init__(self, store: Store, job_id: int, lease: Lease, log: Log) -> None:
+        self._store = store
         self._job_id = job_id
-        self._path = f"/api/v1/jobs/{job_id}/heartbeat"
         self._body = {"lease_id": lease.lease_id}
         self._seconds = lease.lease_seconds
         self._interval = max(0.1, lease.lease_seconds / 3)
@@ -223,7 +196,7 @@ class LeaseKeeper:
         while not self._done.wait(self._interval):
             sent = time.monotonic()
             try:
-                self._transport.request("POST", self._path, json=self._body)
+                self._store.extend_lease(self._job_id, self._body)
             except ConflictError as exc:
                 self._log(f"job {self._job_id}: lost the lease: {exc.message}")
                 self.lost.set()
@@ -257,7 +230,7 @@ class Worker:
         log: Log,
     ) -> None:
         self._url, self._token = url, token
-        self._transport = Transport(url, token=token)
+        self._store = _open(url, token)
         self.identity = identity
         self.name = name
         # What this worker may run: its owner's decision, never the job's.
@@ -274,7 +247,7 @@ class Worker:
         self._stopping = threading.Event()
 
     def close(self) -> None:
-        self._transport.close()
+        self._store.close()
 
     def stop(self) -> None:
         """Claim nothing new; hand the running job back; return from :meth:`run`."""
@@ -297,13 +270,13 @@ class Worker:
         }
         while True:
             try:
-                reply = self._transport.request("POST", "/api/v1/workers", json=body)
+                reply = self._store.register_worker(body)
             except ServiceUnavailableError as exc:
                 self.log(f"cannot register yet, retrying: {exc.message}")
                 if self._stopping.wait(self.poll_interval):
                     return None
                 continue
-            self.worker_id = int(reply["id"])
+            self.worker_id = reply.id
             info = self.identity.info
             self.log(
                 f"registered as worker {self.worker_id} on {info.name} "
@@ -333,25 +306,22 @@ class Worker:
             self.jobs_done += 1
         return self.jobs_done
 
-    def _claim(self) -> Claim | None:
+    def _claim(self) -> JobClaim | None:
+        if self.worker_id is None:
+            raise RuntimeError("claim before registration")  # run() registers first
         try:
-            reply = self._transport.request(
-                "POST",
-                f"/api/v1/workers/{self.worker_id}/claim",
-                params={"ranks": self.ranks},
-            )
+            return self._store.claim_job(self.worker_id, ranks=self.ranks)
         except NotFoundError:
             self.log("the service no longer knows this worker; registering again")
             self.register()
             return None
-        return None if reply is None else Claim.model_validate(reply)
 
-    def _process(self, claim: Claim) -> None:
+    def _process(self, claim: JobClaim) -> None:
         job = claim.job
         allowed = self.allow.allows(job.target)
         if allowed:
             self.log(f"job {job.id}: profiling {job.target} (options {job.options or '{}'})")
-        heartbeat = Transport(self._url, token=self._token)
+        heartbeat = _open(self._url, self._token)  # its own connection, for its thread
         try:
             with LeaseKeeper(heartbeat, job.id, claim.lease, self.log) as keeper:
                 # A refused target is never imported: the job fails with the reason, for
@@ -363,12 +333,12 @@ class Worker:
         finally:
             heartbeat.close()
 
-    def _run_profile(self, job: ClaimedJob, keeper: LeaseKeeper) -> Outcome | None:
+    def _run_profile(self, job: JobPublic, keeper: LeaseKeeper) -> Outcome | None:
         """Run the job's profile in a subprocess; None when the lease was lost meanwhile."""
         command = profile_command(
             job.target,
             options=job.options,
-            settings=job.settings,
+            settings=job.settings.model_dump(mode="json"),
             device=self.identity.device,
             memory_limit_bytes=self.memory_limit_bytes,
         )
@@ -394,9 +364,7 @@ class Worker:
             )
         return outcome_of(run, timeout=self.job_timeout)
 
-    def _report(
-        self, job: ClaimedJob, lease: ClaimedLease, outcome: Outcome, keeper: LeaseKeeper
-    ) -> None:
+    def _report(self, job: JobPublic, lease: Lease, outcome: Outcome, keeper: LeaseKeeper) -> None:
         """Send the outcome under the lease, retrying while the lease may still be held."""
         try:
             if outcome.profile is not None:
@@ -429,21 +397,22 @@ class Worker:
             self.log(f"job {job.id}: failed ({retry}): {first_line}")
 
     @staticmethod
-    def _result_body(lease: ClaimedLease, profile: Profile) -> dict[str, Any]:
+    def _result_body(lease: Lease, profile: Profile) -> dict[str, Any]:
         # round_trip leaves out computed fields (peak_bytes), which are not input.
         document = profile.model_dump(mode="json", round_trip=True)
         return {"lease_id": lease.lease_id, "profile": document}
 
-    def _failure_body(self, lease: ClaimedLease, outcome: Outcome) -> dict[str, Any]:
+    def _failure_body(self, lease: Lease, outcome: Outcome) -> dict[str, Any]:
         reason = public_reason(
             outcome.reason or "the job failed without a reason", secrets=[self._token]
         )
         return {"lease_id": lease.lease_id, "reason": reason, "retryable": outcome.retryable}
 
-    def _send(self, job: ClaimedJob, keeper: LeaseKeeper, what: str, body: dict[str, Any]) -> None:
+    def _send(self, job: JobPublic, keeper: LeaseKeeper, what: str, body: dict[str, Any]) -> None:
+        send = self._store.submit_result if what == "result" else self._store.report_failure
         while True:
             try:
-                self._transport.request("POST", f"/api/v1/jobs/{job.id}/{what}", json=body)
+                send(job.id, body)
                 return
             except ServiceUnavailableError as exc:
                 if not keeper.held:
@@ -455,7 +424,12 @@ class Worker:
         """Whether this worker's result for the job is stored: a retried upload whose first
         try got through but whose answer was lost is refused as a duplicate."""
         try:
-            job = self._transport.request("GET", f"/api/v1/jobs/{job_id}")
+            job = self._store.get_job(job_id)
         except TunerError:
             return False
-        return bool(job.get("status") == "succeeded" and job.get("worker_id") == self.worker_id)
+        return job.status == "succeeded" and job.worker_id == self.worker_id
+
+
+def _open(url: str, token: str | None) -> Store:
+    """The service's store at ``url``, with the transport's usual timeouts and retries."""
+    return open_store(url, token=token, timeout=10.0, retries=3, backoff=0.2)

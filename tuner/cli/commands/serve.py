@@ -78,7 +78,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
 
     from api.config import ServiceSettings
     from api.connections import ConnectionLimits, ServingConfig, effective_max_connections
-    from api.main import prepare_database
+    from api.migrate import prepare_database
 
     overrides = {
         name: value

@@ -1,0 +1,1 @@
+"""The service's answers: the decisions, over the rows the store reads."""

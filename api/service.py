@@ -1,0 +1,193 @@
+"""What the service does for each call a client or a worker makes, once.
+
+The REST routes (``api/routes``) and the embedded store (``tuner.client.embedded``) both
+call these: each takes the request already checked against its schema, runs the store in
+a session of the right kind, and returns the response schema (with whether a write created
+something, which the route turns into 201 or 200). The routes add only HTTP (tokens,
+statuses); the embedded store adds only the checking of plain dictionaries.
+"""
+
+from __future__ import annotations
+
+from api import models
+from api.answers import recommendation as answers
+from api.db import Database
+from api.models import utcnow
+from api.schemas.jobs import JobClaim, JobCreate, JobPublic, JobQuery, JobsPublic, Lease
+from api.schemas.oom_reports import OomReportCreate, OomReportPublic
+from api.schemas.profiles import (
+    PrintedProfile,
+    ProfileCreate,
+    ProfilePublic,
+    ProfileQuery,
+    ProfileReportCreate,
+    ProfilesCreated,
+    ProfilesPublic,
+)
+from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
+from api.schemas.workers import WorkerCreate, WorkerPublic
+from api.security import Principal
+from api.store import jobs, oom_reports, profiles
+
+
+def recommend(db: Database, query: RecommendationQuery) -> RecommendationPublic:
+    """The answer to ``query``, computed afresh (the route keeps answers ready to send,
+    :mod:`api.answers.cached`)."""
+    with db.session() as session:
+        return answers.recommend(session, query, now=utcnow())
+
+
+def upload_profiles(
+    db: Database, body: PrintedProfile, *, registered_by: int | None
+) -> tuple[ProfilePublic | ProfilesCreated, bool]:
+    """Store a printed profile, or every length's profile of a ``--seq-lens`` document,
+    all or none; says whether any was new."""
+    printed = body.profiles if not isinstance(body, ProfileReportCreate) else [body]
+    with db.session(write=True) as session:
+        saved = [
+            profiles.save_profile(session, profile.create(), registered_by=registered_by)
+            for profile in printed
+        ]
+        created = any(new for _, new in saved)
+        stored = [profiles.to_public(row) for row, _ in saved]
+    if isinstance(body, ProfileReportCreate):
+        return stored[0], created
+    return ProfilesCreated(data=stored, count=len(stored)), created
+
+
+def upload_profile(
+    db: Database, body: ProfileCreate, *, registered_by: int | None
+) -> tuple[ProfilePublic, bool]:
+    """Store one profile with its probes; says whether it was new."""
+    with db.session(write=True) as session:
+        row, created = profiles.save_profile(session, body, registered_by=registered_by)
+        return profiles.to_public(row), created
+
+
+def get_profile(db: Database, profile_id: int) -> ProfilePublic:
+    with db.session() as session:
+        return profiles.to_public(profiles.get_profile(session, profile_id))
+
+
+def list_profiles(db: Database, query: ProfileQuery) -> ProfilesPublic:
+    with db.session() as session:
+        rows, count, token = profiles.list_profiles(session, query)
+        return ProfilesPublic(
+            data=[profiles.to_summary(row) for row in rows], count=count, next_page_token=token
+        )
+
+
+def report_oom(
+    db: Database, body: OomReportCreate, *, token_id: int | None
+) -> tuple[OomReportPublic, bool]:
+    with db.session(write=True) as session:
+        return oom_reports.add_oom_report(session, body, token_id=token_id)
+
+
+def queue_job(
+    db: Database, body: JobCreate, *, max_attempts: int, token_id: int | None
+) -> tuple[JobPublic, bool]:
+    with db.session(write=True) as session:
+        job, created = jobs.create_job(session, body, max_attempts=max_attempts, token_id=token_id)
+        return JobPublic.model_validate(job), created
+
+
+def sweep_expired_leases(db: Database) -> None:
+    """Readers see expired leases as what they are; the write happens only when a cheap
+    read finds something to sweep."""
+    with db.session() as session:
+        needed = jobs.has_expired_leases(session)
+    if needed:
+        with db.session(write=True) as session:
+            jobs.expire_leases(session)
+
+
+def get_job(db: Database, job_id: int) -> JobPublic:
+    sweep_expired_leases(db)
+    with db.session() as session:
+        return JobPublic.model_validate(jobs.get_job(session, job_id))
+
+
+def list_jobs(db: Database, query: JobQuery) -> JobsPublic:
+    sweep_expired_leases(db)
+    with db.session() as session:
+        rows, count, token = jobs.list_jobs(session, query)
+        return JobsPublic(
+            data=[JobPublic.model_validate(row) for row in rows],
+            count=count,
+            next_page_token=token,
+        )
+
+
+def worker_public(worker: models.Worker) -> WorkerPublic:
+    return WorkerPublic(
+        id=worker.id,
+        name=worker.name,
+        device_key=worker.device.key,
+        device_name=worker.device.name,
+        registered_at=worker.registered_at,
+        last_heartbeat_at=worker.last_heartbeat_at,
+    )
+
+
+def register_worker(
+    db: Database, body: WorkerCreate, caller: Principal
+) -> tuple[WorkerPublic, bool]:
+    with db.session(write=True) as session:
+        worker, created = jobs.register_worker(session, body, caller)
+        return worker_public(worker), created
+
+
+def claim_job(
+    db: Database, worker_id: int, caller: Principal, *, lease_seconds: float, ranks: int
+) -> JobClaim | None:
+    """The oldest queued job for the worker's device and ranks, under a lease; ``None``
+    when there is none."""
+    with db.session(write=True) as session:
+        claimed = jobs.claim_job(
+            session, worker_id, caller, lease_seconds=lease_seconds, ranks=ranks
+        )
+        if claimed is None:
+            return None
+        job, lease = claimed
+        return JobClaim(job=JobPublic.model_validate(job), lease=_lease(lease))
+
+
+def extend_lease(
+    db: Database, job_id: int, lease_id: str, caller: Principal, *, lease_seconds: float
+) -> Lease:
+    with db.session(write=True) as session:
+        lease = jobs.extend_lease(session, job_id, lease_id, caller, lease_seconds=lease_seconds)
+    return _lease(lease)
+
+
+def complete_job(
+    db: Database, job_id: int, lease_id: str, caller: Principal, profile: ProfileCreate
+) -> JobPublic:
+    with db.session(write=True) as session:
+        return JobPublic.model_validate(
+            jobs.complete_job(session, job_id, lease_id, caller, profile)
+        )
+
+
+def fail_job(
+    db: Database,
+    job_id: int,
+    lease_id: str,
+    caller: Principal,
+    *,
+    reason: str,
+    retryable: bool,
+) -> JobPublic:
+    with db.session(write=True) as session:
+        return JobPublic.model_validate(
+            jobs.fail_job(session, job_id, lease_id, caller, reason=reason, retryable=retryable)
+        )
+
+
+def _lease(lease: jobs.Lease) -> Lease:
+    return Lease(
+        lease_id=lease.lease_id,
+        lease_expires_at=lease.lease_expires_at,
+        lease_seconds=lease.lease_seconds,
+    )

@@ -1,0 +1,80 @@
+"""One store interface for every call a client or a worker makes, and the URL that picks
+its implementation.
+
+``http(s)://…`` is the service's REST API (:class:`tuner.client.rest.RestStore`); a
+database URL runs the service's own functions (``api.service``) in this process
+(:class:`tuner.client.embedded.EmbeddedStore`). Both take what would go on the wire (query
+parameters, JSON bodies), check it where the service does, and give back the service's
+response schemas, which are re-exported here for the worker (it reads the service only
+through this package).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from api.schemas.jobs import JobClaim, JobPublic, Lease
+from api.schemas.oom_reports import OomReportPublic
+from api.schemas.profiles import ProfilePublic, ProfilesPublic
+from api.schemas.recommendation import RecommendationPublic
+from api.schemas.workers import WorkerPublic
+from tuner.client.answer_cache import redact
+from tuner.core.errors import BadInputError
+
+__all__ = ["JobClaim", "JobPublic", "Lease", "Store", "WorkerPublic", "open_store"]
+
+HTTP_SCHEMES = ("http", "https")
+DATABASE_SCHEMES = ("sqlite", "postgresql", "postgres")
+SERVER_EXTRA = "pip install 'microbatch-tuner[server]'"
+
+
+class Store(Protocol):
+    """What a client or a worker needs of the service; one implementation per kind of URL."""
+
+    url: str
+
+    def close(self) -> None: ...
+
+    # The client's calls
+    def recommend(self, params: Mapping[str, Any]) -> RecommendationPublic: ...
+    def upload_profile(self, document: Mapping[str, Any]) -> ProfilePublic: ...
+    def get_profile(self, profile_id: int) -> ProfilePublic: ...
+    def list_profiles(self, params: Mapping[str, Any]) -> ProfilesPublic: ...
+    def report_oom(self, body: Mapping[str, Any]) -> OomReportPublic: ...
+    def queue_job(self, body: Mapping[str, Any]) -> JobPublic: ...
+    def get_job(self, job_id: int) -> JobPublic: ...
+
+    # The worker's calls
+    def register_worker(self, body: Mapping[str, Any]) -> WorkerPublic: ...
+    def claim_job(self, worker_id: int, *, ranks: int) -> JobClaim | None: ...
+    def extend_lease(self, job_id: int, body: Mapping[str, Any]) -> Lease: ...
+    def submit_result(self, job_id: int, body: Mapping[str, Any]) -> JobPublic: ...
+    def report_failure(self, job_id: int, body: Mapping[str, Any]) -> JobPublic: ...
+
+
+def open_store(
+    url: str, *, token: str | None, timeout: float, retries: int, backoff: float
+) -> Store:
+    """The REST store for ``http(s)://…``, the embedded one for a database URL."""
+    scheme = url.partition(":")[0].lower()
+    if scheme in HTTP_SCHEMES:
+        from tuner.client.rest import RestStore
+
+        return RestStore(url, token=token, timeout=timeout, retries=retries, backoff=backoff)
+    if scheme.partition("+")[0] in DATABASE_SCHEMES:
+        try:
+            from tuner.client.embedded import EmbeddedStore
+
+            return EmbeddedStore(url)
+        except ImportError as exc:
+            raise BadInputError(
+                f"{redact(url)} is a database: the client opens it in this process, which needs "
+                f"the service's packages ({exc.name or exc} is missing): {SERVER_EXTRA}, or "
+                "use the service's http(s):// URL"
+            ) from None
+    raise BadInputError(
+        f"cannot use {redact(url)!r} as TUNER_URL: give the service (http://host:8000 or "
+        "https://...) or a database to use without a server (sqlite:///path/to/tuner.db "
+        "or postgresql://user@host/dbname)"
+    )
