@@ -478,7 +478,9 @@ def main(argv: list[str] | None = None) -> int:
             f"`model` used a median of {model_median:g} probes against {bisect_median:g} for "
             f"`bisect` ({model_median / bisect_median:.0%}), {undry_median:g} without the dry "
             f"run (`model-no-dry-run`) and {previous_median:g} under its previous rules "
-            "(`model-previous`). The wall time of `model` includes its dry run.",
+            "(`model-previous`). The wall time of `model` includes its dry run. Wall times "
+            "are of one run each and move with the machine's load (other work shared it "
+            "during these runs); the dry run's cost is the side-by-side ratio below.",
             "### The dry run's predictions against the measured curve",
             markdown_table(
                 [
@@ -494,8 +496,8 @@ def main(argv: list[str] | None = None) -> int:
             "warm-up included, measured side by side in one process. A prediction runs one "
             "step on fake tensors, a real probe four (two warm-up, one measured, one timed); "
             "a fake step costs the operators' dispatch without their arithmetic, so on these "
-            "small CPU models a prediction can cost as much as a probe, while on a GPU "
-            "workload it is the probes' compute it avoids.",
+            "small CPU models, whose arithmetic is cheap, a prediction costs from a tenth of a "
+            "probe to as much as one; on a GPU workload it is the probes' compute it avoids.",
             "### Probes per workload and strategy over its limits",
             markdown_table(["workload", "strategy", "median probes", "max probes"], workload_rows),
             "### Each limit (truth from probing every size)",
