@@ -13,8 +13,10 @@ The rule, the same for every reader, whoever wrote since:
    its parallel mode (else the one-process workload), its sequence length when some
    workload was built for it, then the workload whose newest profile the service received
    last; when that profile is one variant of an exploration (``--explore``), the
-   exploration's fastest variant at its own M* (what ``tuner profile --explore`` chooses
-   without a global batch). A device name picks the device registered last.
+   variant the exploration chose (``variant_chosen``), or for one stored before choices
+   were (migration 0012), its fastest variant at its own M* (what ``tuner profile
+   --explore`` chooses without a global batch). A device name picks the device
+   registered last.
 4. A family of lengths (``--seq-lens``) is, like a name, its first member's registrant's:
    the lengths a question by length reads are that registrant's workloads only.
 
@@ -97,8 +99,9 @@ def family_statement(*columns: Any) -> Select[Any]:
 
 
 def newest_profile_statement() -> Select[Any]:
-    """The workload's newest profile (received last): when, its exploration, and the
-    fastest speed measured at its own M* (the bound parameter ``workload_id``)."""
+    """The workload's newest profile (received last): when, its exploration, the
+    fastest speed measured at its own M*, and whether its exploration chose it (the bound
+    parameter ``workload_id``)."""
     profile, probe = models.Profile, models.Probe
     speed_at_max = (
         select(func.max(probe.samples_per_second))
@@ -110,7 +113,13 @@ def newest_profile_statement() -> Select[Any]:
         .scalar_subquery()
     )
     return (
-        select(profile.received_at, profile.id, profile.variant_group, speed_at_max)
+        select(
+            profile.received_at,
+            profile.id,
+            profile.variant_group,
+            speed_at_max,
+            profile.variant_chosen,
+        )
         .where(profile.workload_id == bindparam("workload_id"))
         .order_by(profile.received_at.desc(), profile.id.desc())
         .limit(1)
@@ -134,9 +143,9 @@ class _WorkloadRow(_Row, Protocol):
 R = TypeVar("R", bound=_Row)
 W = TypeVar("W", bound=_WorkloadRow)
 
-# (received_at, profile id, variant group, samples/s at M*) of a workload's newest
-# profile, or None when it has none.
-NewestProfile = tuple[datetime | None, int, str | None, float | None]
+# (received_at, profile id, variant group, samples/s at M*, chosen by its exploration) of
+# a workload's newest profile, or None when it has none.
+NewestProfile = tuple[datetime | None, int, str | None, float | None, bool]
 NewestOf = Callable[[int], NewestProfile | None]
 
 
@@ -190,7 +199,7 @@ def choose_workload(
 
 def _newest_or_chosen(candidates: Sequence[W], newest_of: NewestOf) -> W:
     """The workload whose newest profile came last (registered last when none has one);
-    the fastest of its exploration when that profile is a variant."""
+    when that profile is a variant, the one its exploration chose, else its fastest."""
     newest = {row.id: newest_of(row.id) for row in candidates}
 
     def recency(row: W) -> tuple[int, float, int, int]:
@@ -208,7 +217,11 @@ def _newest_or_chosen(candidates: Sequence[W], newest_of: NewestOf) -> W:
     variants = [
         row for row in candidates if (seen := newest[row.id]) is not None and seen[2] == group
     ]
-    return max(variants, key=lambda row: (_speed(newest[row.id]), row.id))
+    return max(variants, key=lambda row: (_chosen(newest[row.id]), _speed(newest[row.id]), row.id))
+
+
+def _chosen(found: NewestProfile | None) -> bool:
+    return bool(found and found[4])
 
 
 def _speed(found: NewestProfile | None) -> float:

@@ -221,7 +221,7 @@ def find_workload(
 
     def newest_of(workload_id: int) -> NewestProfile | None:
         row = session.execute(_NEWEST_PROFILE, {"workload_id": workload_id}).first()
-        return None if row is None else (row[0], row[1], row[2], row[3])
+        return None if row is None else (row[0], row[1], row[2], row[3], bool(row[4]))
 
     return choose_workload(rows, reference, newest_of, mode=mode, seq_len=seq_len)
 

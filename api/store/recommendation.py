@@ -276,7 +276,10 @@ class RecommendationRows:
     def newest_profile(self, workload_id: int) -> NewestProfile | None:
         """What the choice among a name's workloads reads of each one's newest profile."""
         found = self._reads.newest_profile.rows(self._connection, workload_id=workload_id)
-        return None if not found else (found[0][0], found[0][1], found[0][2], found[0][3])
+        if not found:
+            return None
+        row = found[0]
+        return (row[0], row[1], row[2], row[3], bool(row[4]))
 
     def devices(self, reference: str) -> list[DeviceRow]:
         """The device keyed ``reference``, else the rows its name may mean."""

@@ -160,6 +160,23 @@ def test_a_name_keeps_answering_as_its_owner_profiles_more(http: httpx.Client) -
     assert answer["device_key"] == "z" * 24
 
 
+def test_a_name_answers_the_variant_its_exploration_chose_not_the_fastest(
+    http: httpx.Client,
+) -> None:
+    """With a global batch the CLI chooses by the plan's speed, which need not be the
+    fastest at M*: the stored choice answers the name."""
+    speeds = {"slow": 50.0, "fast": 120.0, "chosen": 90.0}
+    variants = {}
+    for index, (label, speed) in enumerate(speeds.items()):
+        profile = profile_with_speeds(
+            {1: 10.0, 4: speed}, max_micro_batch_size=4, workload_key=label[0] * 24,
+            created_at=at(index),
+        ).model_copy(update={"variant": {"label": label}, "variant_group": "x" * 24,
+                             "variant_chosen": label == "chosen"})  # fmt: skip
+        variants[label] = upload(http, profile)["id"]
+    assert _ok(recommendation(http, global_batch_size=8))["profile_id"] == variants["chosen"]
+
+
 def test_an_unknown_name_says_where_names_come_from(http: httpx.Client) -> None:
     error = error_of(recommendation(http, workload="nobody", global_batch_size=1), 404)
     assert "tuner profile TARGET --upload" in error["message"]
