@@ -314,6 +314,9 @@ def distorted(curve: Curve, factor: float, constant: int) -> Callable[[int], Pro
     share=st.floats(min_value=-0.5, max_value=0.5),
     missing_from=st.none() | st.integers(min_value=1, max_value=4096),
 )
+@example(  # a footprint of zero bytes: no line to calibrate with
+    case=(Curve(steps(0, 64, MiB), budget=0), 2), factor=1.0, share=0.0, missing_from=None
+)
 def test_model_search_with_predictions_is_exact_whatever_they_predict(
     case: tuple[Curve, int], factor: float, share: float, missing_from: int | None
 ) -> None:
@@ -351,10 +354,13 @@ def test_model_search_with_predictions_takes_two_probes_when_exact_and_few_when_
 
 
 @pytest.mark.parametrize("m_star", [3, 40, 700])
-def test_model_search_recovers_in_five_probes_from_predictions_far_too_low(m_star: int) -> None:
+def test_predictions_far_too_low_cost_one_probe_over_the_search_without_them(
+    m_star: int,
+) -> None:
     """Per-sample bytes predicted 60% low (a fused kernel's workspace the fake step does
-    not show): the guess runs out of memory unmeasured, size 1 and one aim from the probes'
-    rules give two measured points, the calibrated aim is M*: at most five probes."""
+    not show): the guess runs out of memory unmeasured, and the search goes on from size 1
+    as it would without predictions (calibrating them once two sizes past 1 are measured):
+    the wrong predictions cost the one failed guess, never more."""
     fixed, slope = 300 * MiB, 2 * MiB
     footprint = affine(fixed, slope)
     budget = (footprint(m_star) + footprint(m_star + 1)) // 2
@@ -362,4 +368,11 @@ def test_model_search_recovers_in_five_probes_from_predictions_far_too_low(m_sta
     predicted = Curve(affine(fixed, int(slope * 0.4)), budget, resident=250 * MiB)
     outcome = model_search(curve, cap=4096, budget_bytes=budget, predict=predicted)
     assert_exact(outcome, curve, 4096)
-    assert len(outcome.probes) <= 5, [p.micro_batch_size for p in outcome.probes]
+    plain = model_search(
+        Curve(footprint, budget, capacity=budget + budget // 20, resident=250 * MiB),
+        cap=4096,
+        budget_bytes=budget,
+    )
+    sizes = [p.micro_batch_size for p in outcome.probes]
+    assert not outcome.probes[0].fits
+    assert len(sizes) <= len(plain.probes) + 1, sizes

@@ -328,6 +328,7 @@ def profile_distributed(
                 cap=size_cap,
                 budget_bytes=ready.budget_bytes,
                 predict=dry_run if dry_run.available else None,
+                aim_first=False,  # one process's step: calibrated on the ranks' probes first
             )
     finally:
         group.stop()

@@ -13,10 +13,15 @@ from tuner.engine.search.core import PredictFn, ProbeFn, SearchOutcome, SearchRe
 
 
 def bisect_search(
-    probe: ProbeFn, *, cap: int, budget_bytes: int, predict: PredictFn | None = None
+    probe: ProbeFn,
+    *,
+    cap: int,
+    budget_bytes: int,
+    predict: PredictFn | None = None,
+    aim_first: bool = True,
 ) -> SearchOutcome:
     """Double from 1 until a probe fails (or the cap fits), then bisect the bracket."""
-    del budget_bytes, predict  # bisection needs only the verdicts
+    del budget_bytes, predict, aim_first  # bisection needs only the verdicts
     search = SearchRecorder(probe, cap)
     size = 1
     while search.run(size).fits and size < cap:
@@ -44,7 +49,12 @@ PREVIOUS_RULES = ModelRules(anchor_past_size_one=False, judge_open_aims_by_growt
 
 
 def model_search(
-    probe: ProbeFn, *, cap: int, budget_bytes: int, predict: PredictFn | None = None
+    probe: ProbeFn,
+    *,
+    cap: int,
+    budget_bytes: int,
+    predict: PredictFn | None = None,
+    aim_first: bool = True,
 ) -> SearchOutcome:
     """Aim at the predicted ``M*`` and confirm the boundary with probes.
 
@@ -52,8 +62,9 @@ def model_search(
     first finds the ``M*`` of the predictions (these rules, run on predicted probes, which
     cost no device memory) and starts there (:func:`hinted_search`): where the predictions
     are exact, ``M*`` fits and ``M* + 1`` does not, two probes. Every later aim takes the
-    predictions calibrated on the probes that ran (:func:`_predicted_aim`). Without
-    predictions:
+    predictions calibrated on the probes that ran (:func:`_predicted_aim`). With
+    ``aim_first`` false (predictions of another setting, which only calibration makes
+    useful), size 1 is probed first, then the calibrated aims. Without predictions:
 
     Peak memory is close to affine in the micro batch size, ``peak(m) ≈ a + b·m``, so
     ``M* ≈ ⌊(budget − a) / b⌋``. A step has two phases whose peaks grow differently: the
@@ -77,11 +88,36 @@ def model_search(
     failed to double ``lo`` (then it doubles). The search ends when ``M*`` fits and
     ``M* + 1`` does not.
     """
+    if predict is not None and not aim_first:
+        # Predictions of another setting (one process for ranks): size 1 first, the
+        # predictions only once calibrated on it.
+        search = SearchRecorder(probe, cap)
+        if search.run(1).fits and cap > 1:
+            return continue_with_model(search, budget_bytes=budget_bytes, predict=predict)
+        return search.outcome()
     if predict is not None:
         guess = _predicted_size(predict, cap=cap, budget_bytes=budget_bytes)
         if guess is not None:
             search = SearchRecorder(probe, cap)
-            search.run(min(max(guess, 1), cap))
+            first = search.run(min(max(guess, 1), cap))
+            if first.footprint_bytes is None and not first.fits and first.micro_batch_size > 1:
+                # Out of memory before a peak: the predictions are far too low (a fused
+                # kernel's workspace they do not see, say), and calibrating them would take
+                # probes the rules below do not: from size 1, as without predictions.
+                # The failed guess is known to that search, not counted against its aims.
+                def known_or_probe(size: int) -> ProbeResult:
+                    return first if size == first.micro_batch_size else probe(size)
+
+                fresh = search_with_model(
+                    known_or_probe,
+                    cap=cap,
+                    budget_bytes=budget_bytes,
+                    rules=ModelRules(),
+                    predict=predict,
+                    calibrate_from=2,  # from size 1 alone they would aim far too high again
+                )
+                ran = [first, *(p for p in fresh.probes if p is not first)]
+                return SearchOutcome(fresh.max_micro_batch_size, ran)
             return continue_with_model(search, budget_bytes=budget_bytes, predict=predict)
     return search_with_model(probe, cap=cap, budget_bytes=budget_bytes, rules=ModelRules())
 
@@ -126,13 +162,26 @@ def hinted_search(
 
 
 def search_with_model(
-    probe: ProbeFn, *, cap: int, budget_bytes: int, rules: ModelRules
+    probe: ProbeFn,
+    *,
+    cap: int,
+    budget_bytes: int,
+    rules: ModelRules,
+    predict: PredictFn | None = None,
+    calibrate_from: int = 1,
 ) -> SearchOutcome:
-    """:func:`model_search` under ``rules``."""
+    """:func:`model_search` from size 1 under ``rules`` (aimed by ``predict`` once
+    ``calibrate_from`` footprints are measured, where given)."""
     search = SearchRecorder(probe, cap)
     if not search.run(1).fits or cap == 1:
         return search.outcome()
-    return continue_with_model(search, budget_bytes=budget_bytes, rules=rules)
+    return continue_with_model(
+        search,
+        budget_bytes=budget_bytes,
+        rules=rules,
+        predict=predict,
+        calibrate_from=calibrate_from,
+    )
 
 
 def continue_with_model(
@@ -141,9 +190,11 @@ def continue_with_model(
     budget_bytes: int,
     rules: ModelRules | None = None,
     predict: PredictFn | None = None,
+    calibrate_from: int = 1,
 ) -> SearchOutcome:
     """The model search's rules from the bracket ``search`` holds, until it settles; aims
-    from ``predict``'s predictions where they can be made (:func:`_predicted_aim`).
+    from ``predict``'s predictions where they can be made (:func:`_predicted_aim`), once
+    ``calibrate_from`` probes have measured footprints.
 
     ``search`` must hold a size that fits (``lo ≥ 1``), every aim without predictions
     starts from it; with predictions, a failure is enough (until one fits, a size the
@@ -158,12 +209,16 @@ def continue_with_model(
     while not search.settled:
         lo, width, was_open = search.lo, search.hi - search.lo, search.hi > search.cap
         kind = "predicted"
-        aim = None if predict is None else _predicted_aim(search, budget_bytes, predict)
+        aim = (
+            None
+            if predict is None
+            else _predicted_aim(search, budget_bytes, predict, calibrate_from)
+        )
         if aim is None and lo >= 1:
             kind, aim = "model", _aim(search, budget_bytes, rules)
         if aim is None and lo == 0 and 1 not in search.by_size:
             kind, aim = "start", 1  # nothing measured fits yet: where the probes' rules start
-        if aim is None or slow_aims.get(kind, 0) >= 2:
+        if aim is None or slow_aims.get(kind, 0) >= _SLOW_AIMS_ALLOWED.get(kind, 2):
             kind, aim = "fallback", _fallback(search)
             slow_aims = dict.fromkeys(slow_aims, 0)
         search.run(aim)
@@ -177,6 +232,11 @@ def continue_with_model(
             slow = 2 * (search.hi - search.lo) > width
         slow_aims[kind] = slow_aims[kind] + 1 if slow else 0
     return search.outcome()
+
+
+# Calibrated predictions may creep up on M* from below (each aim fits, one closer) while
+# the bracket's top is a far failure; they give way to bisection one miss later.
+_SLOW_AIMS_ALLOWED = {"predicted": 3, "model": 2}
 
 
 class _NoPrediction(Exception):
@@ -204,7 +264,9 @@ def _predicted_size(predict: PredictFn, *, cap: int, budget_bytes: int) -> int |
         return None
 
 
-def _predicted_aim(search: SearchRecorder, budget_bytes: int, predict: PredictFn) -> int | None:
+def _predicted_aim(
+    search: SearchRecorder, budget_bytes: int, predict: PredictFn, calibrate_from: int = 1
+) -> int | None:
     """The largest size in ``(lo, hi)`` that the predictions, calibrated on the probes
     that ran, say fits; ``lo + 1`` where they put ``M*`` at ``lo`` itself.
 
@@ -219,7 +281,13 @@ def _predicted_aim(search: SearchRecorder, budget_bytes: int, predict: PredictFn
     the error grows): the probes' own rules aim then, from size 1 while nothing fits."""
     lo, hi = search.lo, search.hi
     measured = sorted(_measured(search), key=lambda size: (size != lo, size != hi, abs(size - lo)))
-    if not measured or (len(measured) == 1 and _ran_out_unmeasured(search)):
+    if calibrate_from > 1:
+        # Size 1 holds weight-sized temporaries larger sizes hide: a calibration that must
+        # not miss is made away from it.
+        measured = [size for size in measured if size > 1]
+    if len(measured) < calibrate_from or not measured:
+        return None
+    if len(measured) == 1 and _ran_out_unmeasured(search):
         # A probe that ran out of memory unmeasured showed the predictions far too low;
         # one measured point cannot say how the error grows, the probes' own rules can.
         return None
@@ -232,6 +300,8 @@ def _predicted_aim(search: SearchRecorder, budget_bytes: int, predict: PredictFn
             for size in measured[:2]
         ]
         scale, offset = _calibration(points)  # type: ignore[arg-type]
+        if scale <= 0:
+            return None  # nothing measured above zero: no line to calibrate with
         target = int((budget_bytes - offset) / scale)
         found = search_with_model(
             lambda size: _predicted(predict, size, target),
@@ -365,6 +435,7 @@ def run_search(
     cap: int,
     budget_bytes: int,
     predict: PredictFn | None = None,
+    aim_first: bool = True,
 ) -> SearchOutcome:
     try:
         chosen = STRATEGIES[strategy]
@@ -372,4 +443,4 @@ def run_search(
         raise BadInputError(
             f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}"
         ) from None
-    return chosen(probe, cap=cap, budget_bytes=budget_bytes, predict=predict)
+    return chosen(probe, cap=cap, budget_bytes=budget_bytes, predict=predict, aim_first=aim_first)
