@@ -110,48 +110,54 @@ def _searches() -> dict[str, Search]:
     return {**AIMED, **BASELINES}
 
 
-def scan_curve(case: Case, saved: Path | None = None) -> dict[int, ProbeResult]:
-    """Every size from 1 to ``scan_to``, measured whole (limit lifted). With ``saved``, a
-    directory, the curve is read from ``<label>.json`` there when it covers the sizes,
-    else measured and written there (a scan is most of the run's time)."""
-    path = None if saved is None else saved / f"{case.label}.json"
+def kept_or_scanned(
+    path: Path | None, scan_to: int, scan: Callable[[], dict[int, ProbeResult]]
+) -> dict[int, ProbeResult]:
+    """Sizes 1 to ``scan_to`` read from ``path`` when it covers them, else ``scan()``
+    written there (a scan is most of the run's time)."""
     if path is not None and path.exists():
         stored = {
             int(m): ProbeResult.model_validate(r) for m, r in json.loads(path.read_text()).items()
         }
-        if all(m in stored for m in range(1, case.scan_to + 1)):
-            return {m: stored[m] for m in range(1, case.scan_to + 1)}
-    backend = CpuBackend(2**40)
-    with Prober(load_workload(case.target, case.options), backend, headroom=HEADROOM) as prober:
-        curve = {m: prober(m, enforce_capacity=False) for m in range(1, case.scan_to + 1)}
+        if all(m in stored for m in range(1, scan_to + 1)):
+            return {m: stored[m] for m in range(1, scan_to + 1)}
+    curve = scan()
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({m: r.model_dump(mode="json") for m, r in curve.items()}))
     return curve
+
+
+def scan_curve(case: Case, saved: Path | None = None) -> dict[int, ProbeResult]:
+    """Every size from 1 to ``scan_to``, measured whole (limit lifted); kept as
+    ``<label>.json`` in the directory ``saved``."""
+
+    def scan() -> dict[int, ProbeResult]:
+        workload = load_workload(case.target, case.options)
+        with Prober(workload, CpuBackend(2**40), headroom=HEADROOM) as prober:
+            return {m: prober(m, enforce_capacity=False) for m in range(1, case.scan_to + 1)}
+
+    path = None if saved is None else saved / f"{case.label}.json"
+    return kept_or_scanned(path, case.scan_to, scan)
 
 
 def scan_predictions(case: Case, saved: Path | None = None) -> dict[int, ProbeResult]:
-    """The dry run's prediction of every size from 1 to ``scan_to`` (kept as
-    ``<label>.dry.json`` in ``saved`` like the measured curve)."""
+    """The dry run's prediction of every size from 1 to ``scan_to``; kept as
+    ``<label>.dry.json`` in the directory ``saved``."""
+
+    def scan() -> dict[int, ProbeResult]:
+        workload = load_workload(case.target, case.options)
+        curve: dict[int, ProbeResult] = {}
+        with DryRun(workload, CpuBackend(2**40), headroom=HEADROOM) as dry:
+            for m in range(1, case.scan_to + 1):
+                predicted = dry(m)
+                if predicted is None:
+                    raise RuntimeError(f"{case.label}: the dry run could not predict size {m}")
+                curve[m] = predicted
+        return curve
+
     path = None if saved is None else saved / f"{case.label}.dry.json"
-    if path is not None and path.exists():
-        stored = {
-            int(m): ProbeResult.model_validate(r) for m, r in json.loads(path.read_text()).items()
-        }
-        if all(m in stored for m in range(1, case.scan_to + 1)):
-            return {m: stored[m] for m in range(1, case.scan_to + 1)}
-    backend = CpuBackend(2**40)
-    curve: dict[int, ProbeResult] = {}
-    with DryRun(load_workload(case.target, case.options), backend, headroom=HEADROOM) as dry:
-        for m in range(1, case.scan_to + 1):
-            predicted = dry(m)
-            if predicted is None:
-                raise RuntimeError(f"{case.label}: the dry run could not predict size {m}")
-            curve[m] = predicted
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({m: r.model_dump(mode="json") for m, r in curve.items()}))
-    return curve
+    return kept_or_scanned(path, case.scan_to, scan)
 
 
 def time_predictions(case: Case) -> tuple[float, float]:
