@@ -135,6 +135,7 @@ class Service:
     url: str
     token: str
     database_url: str
+    app: Any
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -155,18 +156,26 @@ def _service(url: str) -> Iterator[Service]:
     token = make_token(database, "admin", name="ada")
     store(database, [ONE, OTHER_DEVICE, ddp_profile(2), ddp_profile(4), HUGE, *LENGTHS])
     database.dispose()
-    with ServerThread(create_app(ServiceSettings(database_url=url))) as server:
-        yield Service(server.url, token, url)
+    app = create_app(ServiceSettings(database_url=url))
+    with ServerThread(app) as server:
+        yield Service(server.url, token, url, app)
 
 
 def _asked(question: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in question.items() if value != ""}
 
 
-def by_route(service: Service, question: dict[str, str]) -> tuple[Said, bytes]:
-    with httpx.Client(
-        base_url=service.url, headers={"Authorization": f"Bearer {service.token}"}
-    ) as http:
+def by_route(
+    service: Service, question: dict[str, str], *, cookie: bool = False
+) -> tuple[Said, bytes]:
+    """Asked with a bearer token (answered by the ``CachedAnswers`` middleware, before
+    routing) or with the dashboard's cookie (which the middleware hands to the route)."""
+    credentials: dict[str, Any] = (
+        {"cookies": {"tuner_token": service.token}}
+        if cookie
+        else {"headers": {"Authorization": f"Bearer {service.token}"}}
+    )
+    with httpx.Client(base_url=service.url, **credentials) as http:
         response = http.get("/api/v1/recommendation", params=_asked(question))
     if response.status_code != 200:
         return Said(None, response.status_code, response.json()["error"]["message"]), b""
@@ -251,3 +260,19 @@ def test_route_embedded_and_dashboard_agree(service: Service, name: str) -> None
     if name == "length":
         assert route.answer is not None
         assert route.answer["length_basis"] == "estimated"
+
+
+@pytest.mark.parametrize("name", list(QUESTIONS))
+def test_the_fast_path_and_the_route_answer_byte_for_byte(service: Service, name: str) -> None:
+    # Each path computes its own answer (the cache emptied before each), then the cached
+    # answer is sent: three ways to one question, the same bytes but for the age.
+    question = QUESTIONS[name]
+    cache = service.app.state.recommendations
+    cache._entries.clear()
+    before_routing = by_route(service, question)
+    cache._entries.clear()
+    routed = by_route(service, question, cookie=True)
+    cached = by_route(service, question)
+    assert before_routing == routed == cached
+    if name in KIND:
+        assert len(cache) == 1  # both paths keep the answer under one key
