@@ -9,7 +9,7 @@ index lookup), one count and two for the filter menus. Nothing loads lazily per 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -17,15 +17,14 @@ from sqlalchemy import ColumnElement, and_, exists, func, select
 from sqlalchemy.orm import Session, aliased
 
 from api import models
-from api.answers import recommendation as answers
+from api.answers.devices import DeviceResult, on_every_device
 from api.dashboard.format import fmt_bytes, mode_label, oom_cap, variant_text
 from api.schemas.profiles import ProfilePublic
 from api.store.oom_reports import smallest_limit
-from api.store.profiles import fit_of, get_profile, get_workload, to_public
+from api.store.profiles import get_profile, get_workload, to_public
 from api.store.recommendation import newest_fit
-from tuner.core import plan
-from tuner.core.errors import BadInputError, NotFoundError
-from tuner.core.results import AffineFit, ProbeResult
+from tuner.core.errors import NotFoundError
+from tuner.core.results import ProbeResult
 
 SortKey = Literal["created", "mstar", "headroom", "workload", "device"]
 SORT_KEYS: tuple[SortKey, ...] = ("created", "mstar", "headroom", "workload", "device")
@@ -585,37 +584,6 @@ def list_workloads(session: Session) -> list[WorkloadSummary]:
 
 
 @dataclass(frozen=True)
-class DeviceResult:
-    """The workload on one device: measured by its newest profile there, or estimated from
-    another device's fit (the same estimate the recommendation endpoint gives)."""
-
-    device_id: int
-    device_key: str
-    device_name: str
-    device_kind: str
-    capacity_bytes: int
-    basis: Literal["measured", "estimated", "none"]
-    max_micro_batch_size: int | None
-    samples_per_second: float | None = None
-    best_samples_per_second: float | None = None
-    best_micro_batch_size: int | None = None
-    footprint_bytes: int | None = None
-    profile_id: int | None = None
-    profile_created_at: datetime | None = None
-    profiles: int = 0
-    oom_limit: int | None = None
-    source_device_name: str | None = None
-    note: str = ""
-
-    @property
-    def limited_max(self) -> int | None:
-        """M* as recommendations use it: below the smallest OOM reported since."""
-        if self.max_micro_batch_size is None:
-            return None
-        return plan.below_oom(self.max_micro_batch_size, self.oom_limit)
-
-
-@dataclass(frozen=True)
 class WorkloadDetail:
     workload: models.Workload
     results: list[DeviceResult] = field(default_factory=list)
@@ -630,7 +598,8 @@ class WorkloadDetail:
 
 
 def workload_detail(session: Session, workload_id: int) -> WorkloadDetail:
-    """The workload's M* and throughput on every known device, side by side."""
+    """The workload's M* and throughput on every known device, side by side: the rows
+    read here, measured or estimated decided by :func:`api.answers.devices.on_every_device`."""
     workload = get_workload(session, workload_id)
     newest = session.scalars(
         select(_P).where(_P.workload_id == workload_id, ~_superseded(_P))
@@ -642,8 +611,6 @@ def workload_detail(session: Session, workload_id: int) -> WorkloadDetail:
             .group_by(_P.device_id)
         ).all()
     )
-    # The limit answers stay below, as the recommendation reads it: since the newest
-    # profile on a measured device, since ever on the others.
     limit_since_newest: dict[int, int | None] = dict(
         session.execute(
             select(_P.device_id, _oom_since(_P)).where(
@@ -660,97 +627,15 @@ def workload_detail(session: Session, workload_id: int) -> WorkloadDetail:
         ).all()
     )
     devices = session.scalars(select(_D).order_by(_D.name, _D.id)).all()
-    source = newest_fit(session, workload_id)
-    fit = fit_of(source) if source is not None else None
-    by_device = {row.device_id: row for row in newest}
-    results: list[DeviceResult] = []
-    for device in devices:
-        row = by_device.get(device.id)
-        limit = limit_since_newest if row is not None else limit_ever
-        oom_limit = limit.get(device.id)
-        if row is not None:
-            results.append(_measured(device, row, counts.get(device.id, 0), oom_limit))
-        elif source is not None and fit is not None:
-            results.append(_estimated(device, source, fit, oom_limit))
-        else:
-            results.append(
-                DeviceResult(
-                    device_id=device.id,
-                    device_key=device.key,
-                    device_name=device.name,
-                    device_kind=device.kind,
-                    capacity_bytes=device.capacity_bytes,
-                    basis="none",
-                    max_micro_batch_size=None,
-                    oom_limit=oom_limit,
-                    note="no profile here, and no fit elsewhere to estimate from",
-                )
-            )
-    order = {"measured": 0, "estimated": 1, "none": 2}
-    results.sort(key=lambda r: (order[r.basis], r.device_name))
+    results = on_every_device(
+        devices,
+        newest={row.device_id: row for row in newest},
+        counts=counts,
+        limit_since_newest=limit_since_newest,
+        limit_ever=limit_ever,
+        source=newest_fit(session, workload_id),
+    )
     return WorkloadDetail(workload=workload, results=results)
-
-
-def _measured(
-    device: models.Device, row: models.Profile, count: int, oom: int | None
-) -> DeviceResult:
-    fitting = [p for p in row.probes if p.fits]
-    at_max = [p for p in fitting if p.micro_batch_size == row.max_micro_batch_size]
-    probe = at_max[-1] if at_max else None
-    timed = [p for p in fitting if p.samples_per_second is not None]
-    best = max(timed, key=lambda p: p.samples_per_second or 0.0, default=None)
-    footprint = None
-    if probe is not None and probe.peak_reserved_bytes is not None:
-        footprint = probe.peak_reserved_bytes + probe.non_torch_bytes
-    return DeviceResult(
-        device_id=device.id,
-        device_key=device.key,
-        device_name=device.name,
-        device_kind=device.kind,
-        capacity_bytes=device.capacity_bytes,
-        basis="measured",
-        max_micro_batch_size=row.max_micro_batch_size,
-        samples_per_second=probe.samples_per_second if probe is not None else None,
-        best_samples_per_second=best.samples_per_second if best is not None else None,
-        best_micro_batch_size=best.micro_batch_size if best is not None else None,
-        footprint_bytes=footprint,
-        profile_id=row.id,
-        profile_created_at=row.created_at,
-        profiles=count,
-        oom_limit=oom,
-    )
-
-
-def _estimated(
-    device: models.Device, source: models.Profile, fit: AffineFit, oom: int | None
-) -> DeviceResult:
-    base = DeviceResult(
-        device_id=device.id,
-        device_key=device.key,
-        device_name=device.name,
-        device_kind=device.kind,
-        capacity_bytes=device.capacity_bytes,
-        basis="estimated",
-        max_micro_batch_size=None,
-        profile_id=source.id,
-        profile_created_at=source.created_at,
-        oom_limit=oom,
-    )
-    try:
-        estimate = answers.on_device(
-            fit,
-            capacity_bytes=device.capacity_bytes,
-            headroom=source.headroom,
-            size_cap=source.size_cap,
-        )
-    except BadInputError as exc:
-        return replace(base, basis="none", note=exc.message)
-    return replace(
-        base,
-        max_micro_batch_size=estimate.max_micro_batch_size,
-        footprint_bytes=estimate.footprint_bytes,
-        source_device_name=source.device.name,
-    )
 
 
 # Devices
