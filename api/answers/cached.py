@@ -27,7 +27,9 @@ class Answer(NamedTuple):
     """An answer ready to send: its JSON but for the age, the one part that moves.
 
     A tuple of bytes and a float, which the garbage collector stops tracking: tens of
-    thousands of cached answers add nothing to the time of a full collection.
+    thousands of cached answers add nothing to the time of a full collection. Measured
+    (``bench/fast_paths.py``): serializing the model for every request instead costs a
+    new question 1.12× and a repeated one 1.45× (19 → 28 µs).
     """
 
     head: bytes  # the JSON object without profile_age_s and without its closing brace

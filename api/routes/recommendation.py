@@ -46,7 +46,9 @@ class CachedAnswers:
     the time of even a bare FastAPI endpoint): from the cache when it was answered for this
     store generation, else computed and cached. Anything else, and anything unusual (no
     token, a cookie, a query that does not parse, a question the store refuses), goes on to
-    the route, which answers it in full; what the client receives is the same either way.
+    the route, which answers it in full; what the client receives is the same either way
+    (``tests/api/test_fast_paths.py``). Measured (``bench/fast_paths.py``): without it a
+    new question costs 1.42× and a repeated one 3.77× (182 → 260 µs, 19 → 72 µs).
     """
 
     def __init__(self, app: ASGIApp, *, path: str) -> None:

