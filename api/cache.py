@@ -44,6 +44,10 @@ class GenerationCache(Generic[V]):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def clear(self) -> None:
+        """Forget every entry (tests and benchmarks that time or compare cold answers)."""
+        self._entries.clear()
+
 
 class SingleFlight(Generic[V]):
     """Concurrent callers asking for the same key share one computation.

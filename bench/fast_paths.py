@@ -182,7 +182,7 @@ async def call(app: Any, path: str, token: str) -> bytes:
 def per_request_us(app: Any, paths: list[str], token: str, *, cold: bool) -> float:
     async def run() -> float:
         if cold:
-            app.state.recommendations._entries.clear()
+            app.state.recommendations.clear()
         started = time.perf_counter()
         for path in paths:
             await call(app, path, token)
@@ -210,7 +210,7 @@ def answers_under_each(app: Any, url: str, paths: list[str], token: str) -> dict
     with the clock): a fast path is kept only if these are the same bytes."""
 
     async def ask() -> list[bytes]:
-        app.state.recommendations._entries.clear()
+        app.state.recommendations.clear()
         return [(await call(app, path, token)).rpartition(AGE)[0] for path in paths]
 
     said = {}

@@ -20,6 +20,7 @@ from api.answers.recommendation import on_device
 from api.store.profiles import fit_of
 from tuner.core import plan
 from tuner.core.errors import BadInputError
+from tuner.core.results import AffineFit
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ def on_every_device(
     ``counts``: its profiles there; ``limit_since_newest`` / ``limit_ever``: the smallest
     OOM reported since that profile / ever, by device; ``source``: the newest profile with
     a fit, on any device."""
+    fit = fit_of(source) if source is not None else None  # one fit for every device
     results: list[DeviceResult] = []
     for device in devices:
         row = newest.get(device.id)
@@ -77,7 +79,7 @@ def on_every_device(
             oom = limit_since_newest.get(device.id)
             results.append(_measured(device, row, counts.get(device.id, 0), oom))
         else:
-            results.append(_estimated(device, source, limit_ever.get(device.id)))
+            results.append(_estimated(device, source, fit, limit_ever.get(device.id)))
     results.sort(key=lambda r: (_ORDER[r.basis], r.device_name))
     return results
 
@@ -121,9 +123,11 @@ def _measured(
 
 
 def _estimated(
-    device: models.Device, source: models.Profile | None, oom: int | None
+    device: models.Device,
+    source: models.Profile | None,
+    fit: AffineFit | None,
+    oom: int | None,
 ) -> DeviceResult:
-    fit = fit_of(source) if source is not None else None
     if source is None or fit is None:
         return replace(
             _base(device, oom), note="no profile here, and no fit elsewhere to estimate from"

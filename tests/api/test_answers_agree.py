@@ -268,9 +268,9 @@ def test_the_fast_path_and_the_route_answer_byte_for_byte(service: Service, name
     # answer is sent: three ways to one question, the same bytes but for the age.
     question = QUESTIONS[name]
     cache = service.app.state.recommendations
-    cache._entries.clear()
+    cache.clear()
     before_routing = by_route(service, question)
-    cache._entries.clear()
+    cache.clear()
     routed = by_route(service, question, cookie=True)
     cached = by_route(service, question)
     assert before_routing == routed == cached
