@@ -10,6 +10,7 @@ from rich.live import Live
 from rich.spinner import Spinner
 from rich.table import Table
 
+from tuner.core.parallel import SIMULATED_RANKS_NOTE, mesh_text
 from tuner.core.plan import Recommendation
 from tuner.core.results import ProbeResult, Profile
 from tuner.core.units import format_bytes
@@ -94,7 +95,12 @@ def ranks_line(profile: Profile, world_size: int = 1) -> str:
     """Where the probes ran: W ranks under DDP/FSDP, or one process (and what that means
     when the plan is for more than one rank)."""
     if profile.parallel.distributed:
-        return f"measured on {profile.world_size} ranks, {profile.parallel.describe()}"
+        mesh = mesh_text(profile.parallel, profile.world_size)
+        shape = f" as a {mesh}" if mesh else ""
+        where = f"measured on {profile.world_size} ranks{shape}, {profile.parallel.describe()}"
+        if profile.settings.simulated_ranks:
+            where += f"; {SIMULATED_RANKS_NOTE}"
+        return where
     if world_size > 1:
         return (
             f"measured in one process; for {world_size} ranks the plan only divides the "

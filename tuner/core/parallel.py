@@ -9,6 +9,13 @@ of the workload key. Only what changes memory is in it:
   ``param_dtype`` and ``reduce_dtype``, and ``gradient_sync``: ``every`` micro batch
   reduce-scatters its gradients (sharded gradients accumulate), or ``last`` only
   (unsharded gradients stay resident between micro batches: more memory, less traffic).
+- a 2-D mesh (FSDP only): ``tp`` ranks of tensor parallelism inside each data-parallel
+  group, laid out as ``(world_size / tp) × tp`` with dimensions named ``dp`` and ``tp``.
+  ``tp_plan`` names how the model is split (``llama`` for Llama-like decoder blocks, or
+  ``workload`` for the workload's own ``tp_plan`` function) and ``sequence_parallel``
+  shards the norms' activations along the sequence too. The plan is part of the workload
+  key; ``tp`` is a shape, like the world size, so profiles at (4, 1), (2, 2) and (1, 4)
+  are of one workload and the service can fit across them.
 
 The step rules every probe and the accumulator share follow from the spec:
 gradients are zeroed in place when DDP uses bucket views (``set_to_none`` would make the
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tuner.core.errors import BadInputError
 
@@ -30,7 +37,21 @@ GradientSync = Literal["every", "last"]
 Dtype = Literal["fp32", "bf16", "fp16"]
 
 _DDP_FIELDS = ("gradient_as_bucket_view", "bucket_cap_mb", "static_graph", "set_to_none")
-_FSDP_FIELDS = ("reshard_after_forward", "param_dtype", "reduce_dtype", "gradient_sync")
+_FSDP_FIELDS = (
+    "reshard_after_forward",
+    "param_dtype",
+    "reduce_dtype",
+    "gradient_sync",
+    "tp",
+    "tp_plan",
+    "sequence_parallel",
+)
+# Shapes, not settings: a profile records them but they are not part of the workload key.
+_SHAPE_FIELDS = ("tp",)
+# Part of the key only when a plan is named, so that keys of FSDP workloads without a mesh
+# stay what they were.
+_PLAN_FIELDS = ("tp_plan", "sequence_parallel")
+NAMED_TP_PLANS: tuple[str, ...] = ("llama", "workload")
 
 
 class Parallel(BaseModel):
@@ -65,9 +86,58 @@ class Parallel(BaseModel):
         description="FSDP: reduce-scatter gradients every micro batch, or on the last only",
     )
 
+    tp: int = Field(
+        default=1,
+        ge=1,
+        description="FSDP: tensor-parallel ranks inside each data-parallel group (the mesh's "
+        "second dimension)",
+    )
+    tp_plan: str | None = Field(
+        default=None,
+        description="FSDP with a mesh: how the model is split over the tp ranks: 'llama' "
+        "(Llama-like decoder blocks) or 'workload' (the workload's own tp_plan function)",
+    )
+    sequence_parallel: bool = Field(
+        default=False,
+        description="FSDP with a mesh: shard the norms' activations along the sequence too",
+    )
+
+    @model_validator(mode="after")
+    def _mesh_needs_fsdp_and_a_plan(self) -> Parallel:
+        if self.mode != "fsdp" and (self.tp > 1 or self.tp_plan or self.sequence_parallel):
+            raise ValueError("a tensor-parallel mesh (tp, tp_plan) needs --parallel fsdp")
+        if self.tp_plan is not None and self.tp_plan not in NAMED_TP_PLANS:
+            raise ValueError(
+                f"unknown tp_plan {self.tp_plan!r}: use one of {', '.join(NAMED_TP_PLANS)}"
+            )
+        if self.tp > 1 and self.tp_plan is None:
+            raise ValueError(
+                "tp > 1 needs a plan: tp_plan=llama, or tp_plan=workload with the "
+                "workload's own Workload(tp_plan=fn)"
+            )
+        return self
+
     @property
     def distributed(self) -> bool:
         return self.mode != "none"
+
+    @property
+    def has_mesh(self) -> bool:
+        """Whether the model is split by a tensor-parallel plan (on a 2-D mesh)."""
+        return self.tp_plan is not None
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """``world_size / tp``: the ranks that see different samples (the mesh's ``dp``)."""
+        if world_size % self.tp:
+            raise BadInputError(
+                f"world size {world_size} is not a multiple of tp {self.tp}: the mesh is "
+                "(world_size / tp) × tp ranks"
+            )
+        return world_size // self.tp
+
+    def mesh_shape(self, world_size: int) -> tuple[int, int]:
+        """``(dp, tp)``."""
+        return self.data_parallel_size(world_size), self.tp
 
     @property
     def zero_grad_set_to_none(self) -> bool:
@@ -86,6 +156,11 @@ class Parallel(BaseModel):
     def memory_fields(self) -> dict[str, Any]:
         """The mode and the options that apply to it (the part of the workload key)."""
         names = {"ddp": _DDP_FIELDS, "fsdp": _FSDP_FIELDS}.get(self.mode, ())
+        names = tuple(
+            name
+            for name in names
+            if name not in _SHAPE_FIELDS and (name not in _PLAN_FIELDS or self.has_mesh)
+        )
         return {"mode": self.mode, **{name: getattr(self, name) for name in names}}
 
     def describe(self) -> str:
@@ -93,7 +168,23 @@ class Parallel(BaseModel):
         if not self.distributed:
             return "one process"
         options = ", ".join(f"{k}={v}" for k, v in self.memory_fields().items() if k != "mode")
-        return f"{self.mode} ({options})"
+        mesh = f" × tp {self.tp}" if self.has_mesh else ""
+        return f"{self.mode}{mesh} ({options})"
+
+
+# What every place that shows a fake world's profile says of it (the CLI, the dashboard).
+SIMULATED_RANKS_NOTE = (
+    "one process stood for rank 0 on torch's fake process group: memory measured, "
+    "numerics not trained (collectives moved no data)"
+)
+
+
+def mesh_text(parallel: Parallel, world_size: int) -> str:
+    """``2 × 2 mesh (dp × tp)`` on a mesh; ``""`` otherwise."""
+    if not parallel.has_mesh or world_size % parallel.tp:
+        return ""
+    dp, tp = parallel.mesh_shape(world_size)
+    return f"{dp} × {tp} mesh (dp × tp)"
 
 
 def parse_parallel(mode: str, pairs: list[str], base: Parallel | None = None) -> Parallel:
@@ -122,4 +213,7 @@ def parse_parallel(mode: str, pairs: list[str], base: Parallel | None = None) ->
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
-        raise BadInputError(f"parallel option {where}: {error['msg']}") from None
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise BadInputError(
+            f"parallel option {where}: {message}" if where else f"--parallel {mode}: {message}"
+        ) from None

@@ -212,6 +212,11 @@ class ProbeSettings(_Frozen):
     warmup_steps: int = Field(default=2, ge=0)
     measure_steps: int = Field(default=1, ge=1)
     microbatches_per_step: int = Field(default=2, ge=1)
+    simulated_ranks: bool = Field(
+        default=False,
+        description="one process stood for rank 0 of the world on torch's fake process "
+        "group: memory measured, numerics not trained",
+    )
 
 
 class Profile(_Frozen):

@@ -3,7 +3,9 @@ the probe and the accumulator share.
 
 ``parallelize`` wraps the model for the declared mode: ``DistributedDataParallel`` with
 the spec's options, or the workload's own ``shard`` function given a ``fully_shard``
-preconfigured with the spec's options (call it per transformer block, then on the root).
+preconfigured with the spec's options (call it per transformer block, then on the root);
+on a 2-D mesh the tensor-parallel plan runs first and ``fully_shard`` shards over the
+mesh's ``dp`` dimension (:mod:`tuner.engine.mesh`).
 Call it in training too, so that the run is the one that was profiled.
 """
 
@@ -20,6 +22,7 @@ from torch import nn
 
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import Parallel
+from tuner.engine.mesh import apply_plan, build_mesh
 from tuner.engine.workload import Workload
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -38,6 +41,13 @@ def check_parallel(workload: Workload, parallel: Parallel, world_size: int) -> N
             f"--parallel fsdp: the optimizer of {workload.name} was built before sharding; "
             "give Workload(optimizer=lambda params: ...) so it is built on the sharded parameters"
         )
+    if parallel.has_mesh and workload.tp_plan is None and parallel.tp_plan == "workload":
+        raise BadInputError(
+            f"tp_plan=workload: {workload.name} gives no plan; give Workload(tp_plan=fn), where "
+            "fn(model, tp_mesh) calls parallelize_module, or use tp_plan=llama"
+        )
+    if parallel.has_mesh:
+        parallel.data_parallel_size(world_size)  # refuses a world that is not dp × tp
     if world_size > 1 and not accepts_rank(workload.make_batch):
         raise BadInputError(
             f"--world-size {world_size}: make_batch of {workload.name} ignores the rank, so "
@@ -76,8 +86,20 @@ def parallelize(workload: Workload, parallel: Parallel, device: torch.device) ->
             param_dtype=_DTYPES.get(parallel.param_dtype or ""),
             reduce_dtype=_DTYPES.get(parallel.reduce_dtype or ""),
         )
+        options: dict[str, Any] = {}
+        if parallel.has_mesh:
+            # Tensor parallelism first, on the mesh's inner dimension; FSDP then shards the
+            # tensor-parallel shards across the data-parallel groups (PyTorch's 2-D order).
+            import torch.distributed as dist
+
+            mesh = build_mesh(parallel, dist.get_world_size(), device)
+            apply_plan(model, parallel, workload.tp_plan, mesh)
+            options["mesh"] = mesh["dp"]
         shard = functools.partial(
-            fully_shard, reshard_after_forward=parallel.reshard_after_forward, mp_policy=policy
+            fully_shard,
+            reshard_after_forward=parallel.reshard_after_forward,
+            mp_policy=policy,
+            **options,
         )
         if workload.shard is None:
             raise BadInputError(f"{workload.name} has no shard function for FSDP")

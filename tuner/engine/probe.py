@@ -34,6 +34,7 @@ from tuner.engine.backends import (
     storage_bytes,
 )
 from tuner.engine.batching import Batch, batch_size_of, batch_tensors, to_device
+from tuner.engine.mesh import data_parallel_rank
 from tuner.engine.parallel import parallelize, sync_context
 from tuner.engine.peak import BlockActivations, peak_phase
 from tuner.engine.state import TrainingState
@@ -78,6 +79,8 @@ class Prober:
         self.headroom = headroom
         self.rank = rank
         self.parallel = workload.parallel
+        # The ranks of one tensor-parallel group compute one micro batch: the same samples.
+        self.sample_rank = data_parallel_rank(rank, self.parallel)
         self.budget_bytes = int((1 - headroom) * backend.capacity_bytes)
         self.model = _on_device(workload.model, backend.device)
         # What the step calls: the DDP wrapper, or the model sharded in place; wrapped
@@ -148,7 +151,9 @@ class Prober:
         )
 
     def _run(self, size: int, progress: _Progress, enforce_capacity: bool) -> _StepsOutcome:
-        batch = to_device(self.workload.sample_batch(size, rank=self.rank), self.backend.device)
+        batch = to_device(
+            self.workload.sample_batch(size, rank=self.sample_rank), self.backend.device
+        )
         self.module.train()
         scaler = self._new_scaler()
         track, stop = self.backend.track, self.stop_at
@@ -225,7 +230,9 @@ class Prober:
         ``steps``. The model, optimizer and RNG are put back afterwards."""
         sizes = sorted(set(split))
         samples = {
-            size: to_device(self.workload.sample_batch(size, rank=self.rank), self.backend.device)
+            size: to_device(
+                self.workload.sample_batch(size, rank=self.sample_rank), self.backend.device
+            )
             for size in sizes
         }
         batches = [samples[size] for size in split]

@@ -36,6 +36,7 @@ def profile_workload(
     observer: ProbeObserver | None = None,
     world_size: int = 1,
     search: Strategy | None = None,
+    fake_world: bool = False,
 ) -> Profile:
     """Find the largest micro batch of ``workload`` that fits ``backend`` with ``headroom``.
 
@@ -51,9 +52,24 @@ def profile_workload(
     A workload declared DDP or FSDP (``workload.parallel``) is measured on ``world_size``
     ranks, each a process of its own that loads the workload by its target
     (:func:`tuner.engine.launch.profile_distributed`); otherwise ``world_size`` is only what
-    the plan divides the batch by, and the profile is one process's.
+    the plan divides the batch by, and the profile is one process's. With ``fake_world``
+    this process stands for rank 0 of ``world_size`` on a fake process group instead
+    (:mod:`tuner.engine.fake_world`): a world larger than the machine, measured.
     """
     validate_search_settings(headroom=headroom, size_cap=size_cap, strategy=strategy)
+    if fake_world:
+        from tuner.engine.fake_world import profile_fake_world
+
+        return profile_fake_world(
+            workload,
+            backend,
+            world_size=world_size,
+            headroom=headroom,
+            strategy=strategy,
+            size_cap=size_cap,
+            settings=settings,
+            observer=observer,
+        )
     if workload.parallel.distributed:
         check_parallel(workload, workload.parallel, world_size)
         if workload.target is None:

@@ -44,6 +44,8 @@ LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 # each module that should be one FSDP unit, then on the root.
 ShardFn = Callable[[nn.Module], Any]
 ShardModelFn = Callable[[nn.Module, ShardFn], None]
+# ``tp_plan(model, tp_mesh)`` calls ``parallelize_module`` on the parts to split.
+TensorParallelPlanFn = Callable[[nn.Module, Any], None]
 
 
 @dataclass(kw_only=True)
@@ -67,6 +69,9 @@ class Workload:
             that change memory); part of the workload key when not none.
         shard: for FSDP, ``shard(model, fully_shard)`` calls ``fully_shard`` on each
             unit (every transformer block, say), then on ``model``.
+        tp_plan: for FSDP on a 2-D mesh, ``tp_plan(model, tp_mesh)`` calls
+            ``parallelize_module`` on the parts tensor parallelism splits; a workload that
+            gives one trains with ``Parallel(tp_plan="workload")`` under FSDP.
         variants: factory options whose values are alternatives that change memory and
             speed, e.g. ``{"checkpointing": [False, True], "precision": ["fp32", "bf16"]}``;
             ``tuner profile --explore`` profiles every combination and picks the fastest.
@@ -83,6 +88,7 @@ class Workload:
     activation_checkpointing: bool = False
     parallel: Parallel = field(default_factory=Parallel)
     shard: ShardModelFn | None = None
+    tp_plan: TensorParallelPlanFn | None = None
     variants: dict[str, list[object]] = field(default_factory=dict)
     name: str = ""
     target: str | None = field(default=None, compare=False)
@@ -120,6 +126,7 @@ class Workload:
                 )
         if not self.name:
             self.name = type(self.model).__name__
+        self.parallel = with_own_plan(self.parallel, self.tp_plan)
 
     def build_optimizer(self) -> torch.optim.Optimizer:
         """The optimizer instance, creating it from the factory on first use."""
@@ -147,6 +154,28 @@ class Workload:
                 "it must return exactly the number of samples asked for"
             )
         return batch
+
+
+def with_own_plan(parallel: Parallel, tp_plan: TensorParallelPlanFn | None) -> Parallel:
+    """FSDP of a workload that gives its own tensor-parallel plan names it, unless another
+    plan is named: the plan is part of the workload key at every mesh shape, tp 1 included."""
+    if tp_plan is not None and parallel.mode == "fsdp" and parallel.tp_plan is None:
+        return parallel.model_copy(update={"tp_plan": "workload"})
+    return parallel
+
+
+def with_mesh(workload: Workload, tp: int | None) -> Parallel:
+    """``workload.parallel`` with its own plan named (when it gives one) and ``--tp`` set."""
+    from tuner.core.parallel import parse_parallel
+
+    parallel = with_own_plan(workload.parallel, workload.tp_plan)
+    if tp is None:
+        return parallel
+    if parallel.mode != "fsdp":
+        raise WorkloadError(
+            f"--tp {tp}: {workload.name} is not trained with FSDP; add --parallel fsdp"
+        )
+    return parse_parallel("fsdp", [f"tp={tp}"], parallel)
 
 
 def parse_options(pairs: list[str]) -> dict[str, object]:

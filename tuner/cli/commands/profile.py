@@ -88,6 +88,20 @@ def add_parser(commands: Any) -> None:
         "what the workload declares, else none: one process)",
     )
     profile.add_argument(
+        "--tp",
+        type=positive_int,
+        default=None,
+        help="with --parallel fsdp: tensor-parallel ranks in each data-parallel group; the "
+        "--world-size ranks form a (world/tp) × tp mesh split by the workload's tp_plan or "
+        "--parallel-option tp_plan=llama (default 1: no mesh)",
+    )
+    profile.add_argument(
+        "--fake-world",
+        action="store_true",
+        help="one process stands for rank 0 of --world-size on torch's fake process group: "
+        "a world larger than this machine, its memory measured (its numerics not trained)",
+    )
+    profile.add_argument(
         "--parallel-option",
         action="append",
         default=[],
@@ -168,9 +182,10 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     how it went."""
     from tuner.core.plan import per_rank_batch
 
+    check_mesh_arguments(args)
     if args.global_batch_size is not None:
         # Refused before importing torch, which alone takes a second or two.
-        per_rank_batch(args.global_batch_size, args.world_size)
+        per_rank_batch(args.global_batch_size, data_parallel_size(args))
     if args.seq_lens is not None:
         check_combinations(args)
 
@@ -204,6 +219,35 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     return EXIT_OK
 
 
+def check_mesh_arguments(args: argparse.Namespace) -> None:
+    """--tp and --fake-world: what they need and do not combine with, refused before loading."""
+    tp = args.tp or 1
+    if args.world_size % tp:
+        raise BadInputError(
+            f"--world-size {args.world_size} is not a multiple of --tp {tp}: the ranks form a "
+            "(world/tp) × tp mesh"
+        )
+    if args.tp is not None and args.parallel not in (None, "fsdp"):
+        raise BadInputError(
+            f"--tp needs --parallel fsdp (tensor parallelism × FSDP), not {args.parallel}"
+        )
+    if args.fake_world and (args.seq_lens is not None or args.explore):
+        raise BadInputError(
+            "--fake-world profiles one shape at a time: leave out --seq-lens and --explore"
+        )
+    if args.fake_world and args.device and args.device.startswith("cuda"):
+        raise BadInputError(
+            "--fake-world runs on the CPU's memory count (a fake world's collectives cannot "
+            "run NCCL kernels); use --device cpu with --memory-limit set to the GPU's memory"
+        )
+
+
+def data_parallel_size(args: argparse.Namespace) -> int:
+    """The ranks that see different samples: ``--world-size / --tp``; the plan divides the
+    global batch by it."""
+    return int(args.world_size // (args.tp or 1))
+
+
 def _upload(
     client: TunerClient | None, profiles: list[Profile]
 ) -> tuple[list[int], TunerError | None]:
@@ -229,7 +273,7 @@ class OneWorkload:
 
     def load(self, backend: Backend) -> None:
         from tuner.core.parallel import parse_parallel
-        from tuner.engine.workload import load_workload, parse_options
+        from tuner.engine.workload import load_workload, parse_options, with_mesh
 
         args = self.args
         self.backend = backend
@@ -242,6 +286,7 @@ class OneWorkload:
             workload.parallel = parse_parallel(
                 workload.parallel.mode, args.parallel_option, workload.parallel
             )
+        workload.parallel = with_mesh(workload, args.tp)
         if args.explore and not workload.variants:
             raise BadInputError(
                 f"{args.target} declares no variants to explore: give its Workload "
@@ -262,6 +307,7 @@ class OneWorkload:
             settings=ProbeSettings(warmup_steps=self.args.warmup_steps),
             observer=observer,
             world_size=self.args.world_size,
+            fake_world=self.args.fake_world,
         )
 
     def measure(self, stderr: Console) -> None:
@@ -301,7 +347,7 @@ class OneWorkload:
                 max_micro_batch_size=profile.max_micro_batch_size,
                 probes=profile.probes,
                 global_batch_size=args.global_batch_size,
-                world_size=args.world_size,
+                world_size=data_parallel_size(args),
             )
         # The JSON (and the upload) is the chosen variant's profile; the text shows the
         # loaded workload's probes and then the variants table, which names the chosen one.
@@ -336,7 +382,9 @@ class OneWorkload:
         out = Console()
         # Exploring, the recommendation is the chosen variant's: the table says which.
         plan = None if exploration is not None else self.recommendation
-        print_profile(out, self.shown, plan, world_size=self.args.world_size, advice=self.advice)
+        print_profile(
+            out, self.shown, plan, world_size=data_parallel_size(self.args), advice=self.advice
+        )
         if exploration is not None:
             print_exploration(out, exploration)
 

@@ -1,0 +1,200 @@
+"""A world larger than the machine: one process stands for one rank of W.
+
+Torch's fake process group (``torch.testing._internal.distributed.fake_pg``) answers
+every collective at once with tensors of the right shapes and moves no data. A rank's
+step then allocates what it allocates on a real world of W ranks — its parameter,
+gradient and optimizer shards, FSDP's all-gather and reduce-scatter buffers, the tensor
+plan's activations — on real tensors counted by the real tracker, so a mesh of 64 × 8 is
+measured on one device, not estimated. The numbers it trains on are not a real
+training's (nothing was exchanged), and the profile says so.
+
+That holds only while memory does not depend on the values a collective returns. A step
+that routes tokens by the result of an all-reduce, or sizes a tensor by a count it
+received, would allocate for made-up values; such a workload is refused: one step runs
+under :class:`CollectiveValueGuard`, which marks every storage computed from a
+collective's output and refuses the first operator whose result's shape or Python value
+is read from a marked one (``nonzero``, ``.item()``, ``unique``, ...).
+
+Rank 0 is the one measured: torch's sharding gives the lowest ranks the largest shards
+when a dimension does not split evenly.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from tuner.core.errors import BadInputError, WorkloadError
+from tuner.core.results import ProbeResult, ProbeSettings, Profile
+from tuner.engine.backends import Backend
+from tuner.engine.backends.base import plain_tensors
+from tuner.engine.fingerprint import device_key, workload_key
+from tuner.engine.outcome import (
+    ProbeObserver,
+    build_profile,
+    validate_search_settings,
+    workload_info,
+)
+from tuner.engine.parallel import check_parallel
+from tuner.engine.probe import Prober
+from tuner.engine.search import run_search
+from tuner.engine.workload import Workload
+
+_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+# Operators whose output's shape, or whose Python result, depends on the input's values.
+_VALUE_READS = frozenset(
+    {
+        "_local_scalar_dense",
+        "item",
+        "is_nonzero",
+        "equal",
+        "nonzero",
+        "nonzero_static",
+        "masked_select",
+        "unique",
+        "_unique",
+        "_unique2",
+        "unique_consecutive",
+        "unique_dim",
+        "bincount",
+        "repeat_interleave",
+        "histc",
+    }
+)
+
+
+@contextmanager
+def fake_process_group(world_size: int) -> Iterator[None]:
+    """Join a fake world of ``world_size`` ranks as rank 0 for the block's duration."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise BadInputError(
+            "this process already belongs to a process group: profile a fake world from a "
+            "process of its own (the tuner command line, not inside torchrun)"
+        )
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+class CollectiveValueGuard(TorchDispatchMode):
+    """Refuses a step whose shapes or control flow read values a collective produced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._marked: dict[int, weakref.ref[Any]] = {}
+
+    def _storages(self, values: Any) -> Iterator[Any]:
+        for leaf in tree_leaves(values):
+            if isinstance(leaf, torch.Tensor):
+                for plain in plain_tensors(leaf):
+                    yield plain.untyped_storage()
+
+    def _mark(self, values: Any) -> None:
+        for storage in self._storages(values):
+            key = id(storage)
+            if key not in self._marked:
+                self._marked[key] = weakref.ref(storage, self._forgetter(key))
+
+    def _forgetter(self, key: int) -> Callable[[object], None]:
+        def forget(_ref: object) -> None:
+            self._marked.pop(key, None)
+
+        return forget
+
+    def _reads_marked(self, values: Any) -> bool:
+        return any(id(storage) in self._marked for storage in self._storages(values))
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        namespace = func.namespace
+        name = func._opname
+        if namespace in _COLLECTIVE_NAMESPACES:
+            out = func(*args, **kwargs)
+            # In-place collectives (c10d's) write into their arguments; functional ones
+            # return new tensors.
+            self._mark((args, kwargs, out))
+            return out
+        marked = self._reads_marked((args, kwargs))
+        if marked and name in _VALUE_READS:
+            raise WorkloadError(
+                f"the step reads the values of a collective's result ({namespace}::{name}): "
+                "its memory depends on the data the ranks exchange, which a fake world does "
+                "not move; profile it on real ranks (leave out --fake-world)"
+            )
+        out = func(*args, **kwargs)
+        if marked:
+            self._mark(out)
+        return out
+
+
+def profile_fake_world(
+    workload: Workload,
+    backend: Backend,
+    *,
+    world_size: int,
+    headroom: float,
+    strategy: str,
+    size_cap: int,
+    settings: ProbeSettings | None = None,
+    observer: ProbeObserver | None = None,
+) -> Profile:
+    """Profile rank 0 of ``world_size`` ranks of ``workload.parallel`` in this process."""
+    validate_search_settings(headroom=headroom, size_cap=size_cap, strategy=strategy)
+    if not workload.parallel.distributed:
+        raise BadInputError("--fake-world needs --parallel ddp or fsdp (ranks to stand for)")
+    check_parallel(workload, workload.parallel, world_size)
+    settings = (settings or ProbeSettings()).model_copy(update={"simulated_ranks": True})
+    started = time.perf_counter()
+    with (
+        fake_process_group(world_size),
+        backend.session(),
+        Prober(workload, backend, headroom=headroom, settings=settings, rank=0) as prober,
+    ):
+        with CollectiveValueGuard():
+            # One step at size 1 before the search: a workload whose memory follows the
+            # values exchanged is refused before anything is measured.
+            prober(1)
+        keys = (workload_key(workload, prober.optimizer), device_key(backend))
+
+        def probe(size: int) -> ProbeResult:
+            if observer is not None:
+                observer.probe_started(size)
+            result = prober(size)
+            if observer is not None:
+                observer.probe_finished(result)
+            return result
+
+        outcome = run_search(strategy, probe, cap=size_cap, budget_bytes=prober.budget_bytes)
+        info = workload_info(workload, prober.optimizer)
+    return build_profile(
+        keys=keys,
+        workload=info,
+        device=backend.describe(),
+        headroom=headroom,
+        budget_bytes=prober.budget_bytes,
+        strategy=strategy,
+        size_cap=size_cap,
+        outcome=outcome,
+        settings=settings,
+        world_size=world_size,
+        parallel=workload.parallel,
+        wall_time_s=time.perf_counter() - started,
+    )

@@ -1,0 +1,168 @@
+"""FSDP × tensor parallelism on a 2-D device mesh, the way PyTorch's own stack trains it.
+
+The world is laid out as ``(dp, tp) = (world_size / tp, tp)``: rank ``r`` is tensor-parallel
+rank ``r % tp`` of data-parallel group ``r // tp``. The tensor-parallel plan runs first
+(``parallelize_module`` on ``mesh["tp"]``), then FSDP shards what is left across
+``mesh["dp"]`` (``fully_shard(..., mesh=mesh["dp"])``). The ranks of one tensor-parallel
+group compute one micro batch together, so they must see the same samples: a rank's
+samples are drawn by its data-parallel rank (:func:`data_parallel_rank`).
+
+Named plans:
+
+- ``llama``: a Llama-like decoder (a block with ``self_attn.{q,k,v,o}_proj`` and
+  ``mlp.{gate,up,down}_proj``, as in transformers' Llama, Mistral, Qwen2): q/k/v and
+  gate/up column-wise, o and down row-wise. With ``sequence_parallel`` the norms run on
+  sequence shards as well (the embedding's output is sharded by sequence, the head gathers
+  it back), torchtitan's layout.
+- ``workload``: the workload's own ``tp_plan(model, tp_mesh)``, which calls
+  ``parallelize_module`` itself (a plain module with a hand-written plan).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuner.core.errors import BadInputError, WorkloadError
+from tuner.core.parallel import Parallel
+
+# ``tp_plan(model, tp_mesh)``: calls ``parallelize_module`` on the model's parts.
+TensorParallelPlan = Callable[[nn.Module, Any], None]
+
+_ATTENTION_COLUMNS = ("q_proj", "k_proj", "v_proj")
+_MLP_COLUMNS = ("gate_proj", "up_proj")
+
+
+def data_parallel_rank(rank: int, parallel: Parallel) -> int:
+    """The data-parallel group of ``rank``: the samples it draws (``make_batch(n, rank=...)``)."""
+    return rank // parallel.tp if parallel.has_mesh else rank
+
+
+def build_mesh(parallel: Parallel, world_size: int, device: torch.device) -> Any:
+    """The ``(dp, tp)`` device mesh of the current process group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(
+        device.type, parallel.mesh_shape(world_size), mesh_dim_names=("dp", "tp")
+    )
+
+
+def apply_plan(
+    model: nn.Module, parallel: Parallel, own: TensorParallelPlan | None, mesh: Any
+) -> None:
+    """Split ``model`` over ``mesh["tp"]`` by the plan ``parallel`` names."""
+    tp_mesh = mesh["tp"]
+    if parallel.tp_plan == "llama":
+        llama_plan(model, tp_mesh, sequence_parallel=parallel.sequence_parallel)
+        return
+    if own is None:
+        raise BadInputError(
+            "tp_plan=workload: the workload gives no plan; give Workload(tp_plan=fn), where "
+            "fn(model, tp_mesh) calls parallelize_module, or use tp_plan=llama"
+        )
+    own(model, tp_mesh)
+
+
+def llama_blocks(model: nn.Module) -> list[nn.Module]:
+    """Every decoder block of a Llama-like model, in order."""
+    return [
+        module
+        for module in model.modules()
+        if all(
+            hasattr(getattr(module, "self_attn", None), name)
+            for name in (*_ATTENTION_COLUMNS, "o_proj")
+        )
+        and all(
+            hasattr(getattr(module, "mlp", None), name) for name in (*_MLP_COLUMNS, "down_proj")
+        )
+    ]
+
+
+def llama_plan(model: nn.Module, tp_mesh: Any, *, sequence_parallel: bool = False) -> None:
+    """Attention q/k/v column-wise and o row-wise, MLP gate/up column-wise and down
+    row-wise, in every decoder block; the heads split evenly over the ranks."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    blocks = llama_blocks(model)
+    if not blocks:
+        raise BadInputError(
+            f"tp_plan=llama: {type(model).__name__} has no Llama-like decoder block "
+            "(self_attn.q_proj/k_proj/v_proj/o_proj and mlp.gate_proj/up_proj/down_proj); "
+            "give the workload its own tp_plan and use tp_plan=workload"
+        )
+    size = tp_mesh.size()
+    config = getattr(model, "config", None)
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value % size:
+            raise WorkloadError(
+                f"tp_plan=llama at tp {size}: the model's {name} ({value}) does not split "
+                f"evenly over {size} ranks; use a tp that divides it"
+            )
+    # With sequence parallelism the activations between blocks stay sharded by sequence
+    # (DTensors, so that the model's own code still sees the whole sequence's shape).
+    between = Shard(1) if sequence_parallel else Replicate()
+    local = not sequence_parallel
+    for block in blocks:
+        plan: dict[str, Any] = {
+            **{
+                f"self_attn.{n}": ColwiseParallel(input_layouts=between) for n in _ATTENTION_COLUMNS
+            },
+            "self_attn.o_proj": RowwiseParallel(output_layouts=between, use_local_output=local),
+            **{f"mlp.{n}": ColwiseParallel(input_layouts=between) for n in _MLP_COLUMNS},
+            "mlp.down_proj": RowwiseParallel(output_layouts=between, use_local_output=local),
+        }
+        if sequence_parallel:
+            for norm in ("input_layernorm", "post_attention_layernorm"):
+                if hasattr(block, norm):
+                    plan[norm] = SequenceParallel()
+        parallelize_module(block, tp_mesh, plan)
+    if sequence_parallel:
+        _shard_sequence_around_blocks(model, tp_mesh)
+
+
+def _shard_sequence_around_blocks(model: nn.Module, tp_mesh: Any) -> None:
+    """Sequence parallelism outside the blocks: the embedding's output sharded by sequence,
+    the final norm on shards, the head gathering the whole sequence back."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    inner = getattr(model, "model", model)
+    embed = getattr(inner, "embed_tokens", None)
+    norm = getattr(inner, "norm", None)
+    head = getattr(model, "lm_head", None)
+    if embed is None or norm is None or head is None:
+        raise BadInputError(
+            "tp_plan=llama with sequence_parallel needs model.model.embed_tokens, "
+            "model.model.norm and model.lm_head (a causal LM); use sequence_parallel=false"
+        )
+    if head.weight is embed.weight:
+        raise BadInputError(
+            "tp_plan=llama with sequence_parallel: the head's weight is tied to the "
+            "embedding, which the two layouts cannot share; use sequence_parallel=false"
+        )
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            f"{'model.' if inner is not model else ''}embed_tokens": RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
+            ),
+            f"{'model.' if inner is not model else ''}norm": SequenceParallel(),
+            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        },
+    )
