@@ -68,6 +68,8 @@ _VALUE_READS = frozenset(
         "histc",
     }
 )
+# Indexing whose result's shape is the number of true values of a boolean index.
+_MASKED_INDEXING = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
 
 
 @contextmanager
@@ -133,7 +135,9 @@ class CollectiveValueGuard(TorchDispatchMode):
             self._mark((args, kwargs, out))
             return out
         marked = self._reads_marked((args, kwargs))
-        if marked and name in _VALUE_READS:
+        if marked and (
+            name in _VALUE_READS or (name in _MASKED_INDEXING and _masked_by_marked(self, args))
+        ):
             raise WorkloadError(
                 f"the step reads the values of a collective's result ({namespace}::{name}): "
                 "its memory depends on the data the ranks exchange, which a fake world does "
@@ -143,6 +147,17 @@ class CollectiveValueGuard(TorchDispatchMode):
         if marked:
             self._mark(out)
         return out
+
+
+def _masked_by_marked(guard: CollectiveValueGuard, args: tuple[Any, ...]) -> bool:
+    """Whether a boolean index computed from a collective's values selects the elements."""
+    indices = args[1] if len(args) > 1 else ()
+    return any(
+        isinstance(index, torch.Tensor)
+        and index.dtype in (torch.bool, torch.uint8)
+        and guard._reads_marked(index)
+        for index in indices or ()
+    )
 
 
 def profile_fake_world(
