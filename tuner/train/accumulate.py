@@ -1,6 +1,12 @@
 """The training-loop side: one optimizer step over a batch, in micro batches.
 
-    global batch = micro batch × accumulation steps × world size
+    global batch = micro batch × accumulation steps × data-parallel size
+
+The data-parallel size is the world size, or ``world size / tp`` on a 2-D mesh (FSDP ×
+tensor parallelism), where the ``tp`` ranks of each data-parallel group compute every
+micro batch together: they are given the same batch (drawn by the data-parallel rank,
+``rank // tp``; a group whose ranks hold different batches is refused), split it
+identically, and count its samples and loss units once for the group.
 
 Given the batch a data loader yields for one optimizer step on this rank, the
 accumulator splits it into micro batches whose sizes differ by at most one (or runs the
@@ -14,7 +20,7 @@ The accumulated gradient equals the full batch's:
     g = (1 / U) · Σᵢ uᵢ · ∇ meanᵢ  =  (1 / U) · Σᵢ ∇ sumᵢ
 
 where micro batch ``i`` has ``uᵢ`` loss units (samples, or tokens that are not padding)
-and ``U`` is the number of units in the whole batch (on every rank, under
+and ``U`` is the number of units in the whole batch (of every data-parallel group, under
 torch.distributed). So a token-level loss gets the mean over every token of the batch,
 not the mean of per-micro-batch means. ``loss_fn`` returns the mean (``loss_units``
 counts ``uᵢ`` ahead of the forward) or the pair ``(sumᵢ, uᵢ)``
@@ -57,6 +63,8 @@ from tuner.train.collectives import (
     all_reduce_sum,
     any_rank_failed,
     average_gradients,
+    check_same_batch,
+    clip_grad_norm,
     current_world,
 )
 from tuner.train.micro_batches import ForwardWatch, KeepOutputs, count_units, read_loss
@@ -109,7 +117,7 @@ class Accumulator:
 
         accumulator = Accumulator(model, optimizer, micro_batch_size=plan.micro_batch_size,
                                   loss_fn=loss_fn, split=plan.split)
-        for batch in loader:                 # B / W samples per rank, on the host
+        for batch in loader:                 # B / dp samples per rank, on the host
             report = accumulator.step(batch)
 
     ``split`` (a recommendation's micro batch sizes) runs as given for every batch of its
@@ -212,8 +220,9 @@ class Accumulator:
     def step(self, batch: Batch) -> StepReport:
         """Forward and backward over every micro batch of ``batch``, then one optimizer step."""
         samples = batch_size_of(batch)
-        world = current_world()
+        world = current_world(self.parallel)
         self._check_sync(world)
+        check_same_batch(batch, world)  # a mesh's tensor-parallel ranks share one batch
         stats = self._running_stats.capture() if self.recover_from_oom else None
         retries = 0
         while True:
@@ -257,6 +266,8 @@ class Accumulator:
         on_device = all(t.device == device for _, t in batch_tensors(batch))
         # A mean is weighted by units counted before its backward; a (sum, count) loss
         # counts its own, and the gradient is divided by their total after the last one.
+        # Totals are over data-parallel groups, and the reducer averages over them: each
+        # loss is scaled by the data-parallel size so that the average is the sum.
         counted = None if self._sum_style else [self._units(part) for part in parts]
         total_units = all_reduce_sum(sum(counted), world) if counted is not None else 0
         if counted is not None and total_units == 0:
@@ -301,12 +312,12 @@ class Accumulator:
                     self._learn_style(loss.count is not None)
                     if loss.count is not None:
                         losses.append((loss.value.detach(), 1, loss.count))
-                        weighted = loss.value * world.size
+                        weighted = loss.value * world.data_parallel_size
                     else:
                         assert units is not None
                         if units:
                             losses.append((loss.value.detach(), units, units))
-                        weighted = loss.value * (units * world.size / total_units)
+                        weighted = loss.value * (units * world.data_parallel_size / total_units)
                     del loss
                     if grad:
                         (self.scaler.scale(weighted) if self.scaler else weighted).backward()
@@ -369,8 +380,7 @@ class Accumulator:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # once, after accumulation
         if self.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-            grad_norm = float(norm)
+            grad_norm = clip_grad_norm(self.model.parameters(), self.max_grad_norm)
         stepped = True
         if self.scaler is not None:
             scaler = self.scaler
