@@ -7,8 +7,15 @@ gradient sync every micro batch (the default) or on the last only. The one-proce
 stands beside them. Then the W = 3 answer is estimated from the FSDP profiles at W = 1,
 2 and 4 (``tuner.core.worlds``) and compared with the real W = 3 profile.
 
-Run: ``python bench/distributed.py`` (about 20 minutes on 2 cores), or ``--quick`` for a
-smoke run that writes nothing.
+With ``--mesh``, the 2-D cases instead (section ``distributed-mesh``): examples.mesh_mlp
+(FSDP × tensor parallelism with its hand-written plan) at (dp, tp) = (4, 1), (2, 2) and
+(1, 4) on 4 real gloo ranks, each shape also measured by one process standing for rank 0
+on torch's fake process group (the step peak of both at every size the real search
+probed), fake-world shapes beyond the machine, and the (2, 2) answer estimated from the
+other fake-world shapes against its measurement.
+
+Run: ``python bench/distributed.py`` (about 20 minutes on 2 cores), ``--mesh`` (about 5
+minutes), or ``--quick`` for a smoke run that writes nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ from tuner.core.results import Profile
 from tuner.core.units import format_bytes
 from tuner.core.worlds import estimate_world_size
 from tuner.engine.backends import make_backend
+from tuner.engine.fake_world import fake_process_group, profile_fake_world
 from tuner.engine.launch import profile_distributed
+from tuner.engine.probe import Prober
 from tuner.engine.profiler import profile_workload
 from tuner.engine.workload import load_workload
 
@@ -75,10 +84,144 @@ def peak_at_max(result: Profile) -> str:
     return format_bytes(probe.peak_bytes) if probe is not None else "-"
 
 
+MESH = "examples.mesh_mlp:workload"
+MESH_OPTIONS: dict[str, object] = {}  # the example's defaults: 4 blocks of 128 → 512 → 128
+REAL_SHAPES = [(4, 1), (2, 2), (1, 4)]
+FAKE_SHAPES = [(8, 1), (4, 2), (2, 4), (1, 4), (4, 1), (8, 2), (64, 8)]
+HELD_OUT = (2, 2)
+
+
+def _mesh(tp: int) -> Parallel:
+    return Parallel(mode="fsdp", tp=tp, tp_plan="workload")
+
+
+def fake_profile(shape: tuple[int, int], limit: int) -> Profile:
+    workload = load_workload(MESH, dict(MESH_OPTIONS))
+    workload.parallel = _mesh(shape[1])
+    return profile_fake_world(
+        workload,
+        make_backend("cpu", memory_limit_bytes=limit),
+        world_size=shape[0] * shape[1],
+        headroom=0.05,
+        strategy="model",
+        size_cap=4096,
+    )
+
+
+def fake_peaks(shape: tuple[int, int], limit: int, sizes: list[int]) -> dict[int, int]:
+    """The step peak (what a GPU holds) of rank 0 at each size, in a fake world."""
+    workload = load_workload(MESH, dict(MESH_OPTIONS))
+    workload.parallel = _mesh(shape[1])
+    backend = make_backend("cpu", memory_limit_bytes=limit)
+    with (
+        fake_process_group(shape[0] * shape[1]),
+        backend.session(),
+        Prober(workload, backend) as prober,
+    ):
+        return {
+            size: prober(size, enforce_capacity=False).peak_allocated_bytes or 0 for size in sizes
+        }
+
+
+def mesh_main(quick: bool) -> None:
+    limit = 16 * MiB if quick else LIMIT
+    started = time.perf_counter()
+    rows = []
+    for shape in REAL_SHAPES[:1] if quick else REAL_SHAPES:
+        real = profile_distributed(
+            MESH,
+            options=MESH_OPTIONS,
+            device="cpu",
+            memory_limit_bytes=limit,
+            world_size=shape[0] * shape[1],
+            parallel=_mesh(shape[1]),
+            headroom=0.05,
+            strategy="model",
+            size_cap=4096,
+        )
+        fake = fake_profile(shape, limit)
+        sizes = [p.micro_batch_size for p in real.probes if p.peak_allocated_bytes]
+        peaks = fake_peaks(shape, limit, sizes)
+        gaps = [
+            (p.peak_allocated_bytes or 0) - peaks[p.micro_batch_size]
+            for p in real.probes
+            if p.peak_allocated_bytes
+        ]
+        at_max = real.probe_at(real.max_micro_batch_size)
+        copies = at_max.breakdown.collective_copies_bytes if at_max and at_max.breakdown else 0
+        row = [
+            f"({shape[0]}, {shape[1]})",
+            str(real.max_micro_batch_size),
+            format_bytes(copies),
+            str(fake.max_micro_batch_size),
+            f"{len(sizes)}: {sum(g == 0 for g in gaps)} equal, most {format_bytes(max(gaps))}",
+        ]
+        print(" | ".join(row), flush=True)
+        rows.append(row)
+    fakes = {shape: fake_profile(shape, limit) for shape in [*FAKE_SHAPES, HELD_OUT]}
+    beyond = [
+        [f"({dp}, {tp})", str(dp * tp), str(p.max_micro_batch_size), peak_at_max(p)]
+        for (dp, tp), p in fakes.items()
+    ]
+    known = [p for shape, p in fakes.items() if shape != HELD_OUT]
+    world, tp = HELD_OUT[0] * HELD_OUT[1], HELD_OUT[1]
+    estimate = estimate_world_size(known, world, tp=tp)
+    measured = fakes[HELD_OUT]
+    probe = measured.probe_at(measured.max_micro_batch_size)
+    assert probe is not None
+    assert probe.footprint_bytes
+    predicted = estimate.fit.predict(measured.max_micro_batch_size, world, tp)
+    error = (predicted - probe.footprint_bytes) / probe.footprint_bytes
+    elapsed = time.perf_counter() - started
+    line = (
+        f"(2, 2) estimated from {len(known)} other shapes: M* {estimate.max_micro_batch_size} "
+        f"against {measured.max_micro_batch_size} measured; the peak at the measured M* "
+        f"predicted {format_bytes(predicted)} against {format_bytes(probe.footprint_bytes)} "
+        f"({error:+.2%}); the fit within {estimate.fit.max_relative_error:.2%} of every "
+        f"peak it was fitted to"
+    )
+    print(line)
+    if quick:
+        return
+    body = "\n\n".join(
+        [
+            "## FSDP × tensor parallelism on a 2-D mesh (`bench/distributed.py --mesh`)",
+            f"Machine: {machine_line()}. examples.mesh_mlp (4 blocks, 128 → 512 → 128, "
+            "sequences of 16, AdamW), its own plan (up column-wise, down row-wise), "
+            f"{format_bytes(limit)} per rank (5% headroom).",
+            "Real ranks against the fake world: each shape profiled on 4 gloo ranks "
+            "(127.0.0.1), then by one process standing for rank 0 on torch's fake process "
+            "group. M* differs by what gloo copies: on the CPU its collective copies are the "
+            "process's memory and count against the limit; NCCL makes none, so the fake "
+            "world's M* is the one that stands for a GPU. The step peak (what a GPU holds) "
+            "is compared at every size the real search probed.",
+            markdown_table(
+                [
+                    "(dp, tp)",
+                    "real M* (gloo)",
+                    "gloo copies at M*",
+                    "fake-world M*",
+                    "sizes compared: step peak real − fake",
+                ],
+                rows,
+            ),
+            "Fake-world shapes, the last beyond any machine here (512 ranks):",
+            markdown_table(["(dp, tp)", "ranks", "M*", "peak at M*"], beyond),
+            line + ".",
+            f"Wall time: {elapsed / 60:.1f} min.",
+        ]
+    )
+    write_section("distributed-mesh", body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run, writes nothing")
+    parser.add_argument("--mesh", action="store_true", help="the 2-D mesh cases")
     args = parser.parse_args()
+    if args.mesh:
+        mesh_main(args.quick)
+        return
     options, limit = (QUICK_GPT, QUICK_LIMIT) if args.quick else (GPT, LIMIT)
     worlds = [1, 2, 3] if args.quick else [1, 2, 3, 4]
     configs = CONFIGS[3:4] if args.quick else CONFIGS
