@@ -143,11 +143,13 @@ class Profile(Base):
         Index("ix_profiles_received_id", "received_at", "id"),
         Index("ix_profiles_workload_received_id", "workload_id", "received_at", "id"),
         Index("ix_profiles_device_received_id", "device_id", "received_at", "id"),
+        # ... at one mesh shape, (world_size, tp) (migration 0013).
         Index(
-            "ix_profiles_workload_device_world_received",
+            "ix_profiles_workload_device_world_tp_received",
             "workload_id",
             "device_id",
             "world_size",
+            "tp",
             "received_at",
         ),
     )
@@ -174,6 +176,9 @@ class Profile(Base):
     # Ranks the probes ran on, and how (``tuner.core.parallel.Parallel`` as JSON);
     # ``parallel_mode`` repeats its mode as a column that queries filter on.
     world_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # The mesh's tensor-parallel degree (``parallel.tp``; 1 without a mesh), so that the
+    # newest profile at a mesh shape (world_size, tp) is one index probe (0013).
+    tp: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     parallel_mode: Mapped[str] = mapped_column(String(8), default="none", server_default="none")
     parallel: Mapped[dict[str, Any]] = mapped_column(
         default=lambda: {"mode": "none"}, server_default='{"mode": "none"}'

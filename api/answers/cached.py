@@ -56,7 +56,11 @@ QUESTION_ORDER = (
     "parallel",
     "seq_len",
     "tokens_per_micro_batch",
+    "tp",
 )
+# Left out of the key at these values, so that a question asked as before meshes keeps
+# its key (and the Python client, which leaves them out too, its fast path).
+_DEFAULTS_LEFT_OUT = {"tp": 1}
 
 
 # The characters ``quote_plus`` leaves as they are.
@@ -76,7 +80,7 @@ def question_key(query: RecommendationQuery) -> bytes:
     parts = []
     for name in QUESTION_ORDER:
         value = getattr(query, name)
-        if value is None:
+        if value is None or _DEFAULTS_LEFT_OUT.get(name) == value:
             continue
         text = str(value)  # strings, whole numbers and modes (Literal strings)
         parts.append(f"{name}={text if _UNQUOTED.fullmatch(text) else quote_plus(text)}")

@@ -4,9 +4,10 @@ The recommendation route, the embedded store of the Python client and the dashbo
 ask here; the store (:mod:`api.store.recommendation`) only reads the rows. This module
 decides everything an answer says:
 
-- measured (the newest profile of the pair at the run's world size) or estimated (the
-  workload's newest fit on another device; the fit across the world sizes measured here;
-  the fit across a length family's measured lengths);
+- measured (the newest profile of the pair at the run's world size and mesh shape,
+  ``world_size / tp × tp``) or estimated (the workload's newest fit on another device; the
+  fit across the world sizes and mesh shapes measured here; the fit across a length
+  family's measured lengths);
 - which caveat comes with an estimate (one world size only, one process only);
 - every refusal and its one-line advice (the ``tuner profile`` command to run).
 
@@ -59,6 +60,7 @@ class Source:
     headroom: float
     world_size: int = 1
     parallel: ParallelMode = "none"
+    tp: int = 1
 
 
 def recommend(
@@ -132,6 +134,11 @@ class _Answering:
     def for_workload(self) -> RecommendationPublic:
         """The answer from the workload's own profiles, by the run's parallel mode."""
         w, mode = self.workload, self.mode
+        if self.query.tp > 1 and mode != "fsdp":
+            raise BadInputError(
+                f"tp={self.query.tp} asks for a tensor-parallel mesh, which runs under fsdp, "
+                f"not {mode}: ask with parallel=fsdp (the workload profiled on a mesh), or tp=1"
+            )
         if mode == "none":
             if w.parallel_mode != "none":
                 raise BadInputError(
@@ -144,12 +151,12 @@ class _Answering:
             found = self.across_world_sizes()
             if found is not None:
                 return found
-            sibling = self.sibling()
+            sibling = self.sibling() if self.query.tp == 1 else None
             if sibling is None:
                 raise NotFoundError(
                     f"workload {w.name!r} ({w.key}) has no {mode} profile on device "
-                    f"{self.device.name!r} ({self.device.key}), and no one-process profile to "
-                    "warn from: profile it "
+                    f"{self.device.name!r} ({self.device.key}){self._mesh_words()}, and no "
+                    "one-process profile to warn from: profile it "
                     f"(`{profile_command(self.device, w, *self.ranks_flags())}`) or queue a job "
                     "for it"
                 )
@@ -187,27 +194,31 @@ class _Answering:
             world_size=query.world_size,
             policy=query.policy,
             oom_limit=self._below(limit),
+            tp=query.tp,
         )
         source = Source(fitted.profile_id, fitted.device_key, fitted.created_at, fitted.headroom)
         return self._public(chosen, workload, source, limit)
 
     def across_world_sizes(self) -> RecommendationPublic | None:
-        """Measured at the run's world size, else estimated from the fit across the world
-        sizes measured on this device; ``None`` when none was."""
+        """Measured at the run's world size and mesh shape, else estimated from the fit
+        across the world sizes and mesh shapes measured on this device (refused where it
+        would extrapolate); ``None`` when none was."""
         query, workload, device = self.query, self.workload, self.device
-        found = self._measured(workload, world_size=query.world_size, parallel=self.mode)
+        found = self._measured(
+            workload, world_size=query.world_size, parallel=self.mode, tp=query.tp
+        )
         if found is not None:
             return found
         profiles = self.rows.world_profiles(workload, device)
         if not profiles:
             return None
         limit = self.rows.oom_ever(workload.id, device.id)
-        estimate = _estimate(profiles, query.world_size, self.mode)
+        estimate = _estimate(profiles, query.world_size, query.tp, self.mode)
         if estimate.max_micro_batch_size < 1:
+            where = _where(query.world_size, query.tp)
             raise NothingFitsError(
-                f"estimated from world sizes {estimate.world_sizes}, not even a micro batch "
-                f"of 1 fits at world size {query.world_size}: profile at this world size to "
-                "measure it"
+                f"estimated from {estimate.world_sizes}, not even a micro batch "
+                f"of 1 fits at {where}: profile at {where} to measure it"
             )
         chosen = self._estimated_plan(
             estimate.max_micro_batch_size, estimate.expected_peak_bytes, limit
@@ -220,6 +231,7 @@ class _Answering:
             newest.profile.headroom,
             newest.profile.world_size,
             self.mode,
+            newest.profile.parallel.tp,
         )
         return self._public(
             chosen,
@@ -272,10 +284,11 @@ class _Answering:
         """Estimated from the newest profile of each measured length on this device, at
         the run's world size."""
         world_size = 1 if self.mode == "none" else self.query.world_size
+        tp = self.query.tp
         measured: dict[int, StoredProfile] = {}
         for length, member in sorted(members.items()):
             for newest in self.rows.world_profiles(member, self.device):
-                if newest.profile.world_size == world_size:
+                if (newest.profile.world_size, newest.profile.parallel.tp) == (world_size, tp):
                     measured[length] = newest
         if len(measured) < 2:
             have = ", ".join(map(str, measured)) or "none"
@@ -306,6 +319,7 @@ class _Answering:
             longest.profile.headroom,
             world_size,
             self.mode,
+            tp,
         )
         answer = self._public(
             chosen,
@@ -356,6 +370,7 @@ class _Answering:
             world_size=query.world_size,
             policy=query.policy,
             oom_limit=self._below(limit),
+            tp=query.tp,
         )
         # The estimate's peak is for its own size M*; a smaller choice (an OOM limit, the
         # batch) peaks no higher, so that figure bounds it, as a measured plan's does.
@@ -369,10 +384,11 @@ class _Answering:
         )
 
     def _measured(
-        self, workload: WorkloadRow, *, world_size: int, parallel: ParallelMode
+        self, workload: WorkloadRow, *, world_size: int, parallel: ParallelMode, tp: int = 1
     ) -> RecommendationPublic | None:
-        """From the newest profile of the pair measured at ``world_size``, if any."""
-        measured = self.rows.newest_measured(workload.id, self.device.id, world_size)
+        """From the newest profile of the pair measured at ``world_size`` ranks as
+        ``world_size / tp × tp``, if any."""
+        measured = self.rows.newest_measured(workload.id, self.device.id, world_size, tp)
         if measured is None:
             return None
         profile_id, created_at, max_micro_batch_size, headroom, limit, probes = measured
@@ -384,8 +400,9 @@ class _Answering:
             world_size=self.query.world_size,
             policy=self.query.policy,
             oom_limit=self._below(limit),
+            tp=self.query.tp,
         )
-        source = Source(profile_id, self.device.key, created_at, headroom, world_size, parallel)
+        source = Source(profile_id, self.device.key, created_at, headroom, world_size, parallel, tp)
         return self._public(chosen, workload, source, limit)
 
     def sibling(self) -> WorkloadRow | None:
@@ -394,7 +411,13 @@ class _Answering:
 
     def ranks_flags(self) -> tuple[str, ...]:
         """The flags that profile the run's ranks as it trains."""
-        return ("--world-size", str(self.query.world_size), "--parallel", self.mode)
+        mesh = ("--tp", str(self.query.tp)) if self.query.tp > 1 else ()
+        return ("--world-size", str(self.query.world_size), "--parallel", self.mode, *mesh)
+
+    def _mesh_words(self) -> str:
+        """`` on a 2 × 2 mesh (dp × tp)`` when the run has one."""
+        query = self.query
+        return f" on a {_where(query.world_size, query.tp)}" if query.tp > 1 else ""
 
     def with_caveat(self, answer: RecommendationPublic) -> RecommendationPublic:
         """A one-process answer for a DDP or FSDP run: ``estimated``, and saying why."""
@@ -432,6 +455,7 @@ class _Answering:
             profile_id=source.profile_id,
             profile_device_key=source.device_key,
             profile_world_size=source.world_size,
+            profile_tp=source.tp,
             profile_parallel=source.parallel,
             profile_created_at=source.created_at,
             profile_age_s=max(0.0, (self.now - source.created_at).total_seconds()),
@@ -460,14 +484,24 @@ class _Estimate(NamedTuple):
 
     @property
     def world_sizes(self) -> str:
-        return ", ".join(str(stored.profile.world_size) for stored in self.based_on)
+        """``world sizes 2, 4``, or ``mesh shapes 4 × 1, 2 × 2`` where one has a mesh."""
+        shapes = [worlds.shape_of(stored.profile) for stored in self.based_on]
+        if all(tp == 1 for _, tp in shapes):
+            return "world sizes " + ", ".join(str(dp) for dp, _ in shapes)
+        return "mesh shapes " + ", ".join(f"{dp} × {tp}" for dp, tp in shapes)
 
 
-def _estimate(profiles: list[StoredProfile], world_size: int, mode: str) -> _Estimate:
-    """From the fit across two or more world sizes; from one smaller world size, its own
-    M* (a rank's memory does not grow with the world size, so it still fits)."""
+def _where(world_size: int, tp: int) -> str:
+    """``world size 4``, or ``2 × 2 mesh (dp × tp)``."""
+    return f"world size {world_size}" if tp == 1 else f"{world_size // tp} × {tp} mesh (dp × tp)"
+
+
+def _estimate(profiles: list[StoredProfile], world_size: int, tp: int, mode: str) -> _Estimate:
+    """From the fit across two or more world sizes or mesh shapes; from one shape no larger
+    in dp and in tp, its own M* (a rank's memory does not grow with either, so it still
+    fits)."""
     if len(profiles) >= 2:
-        found = at_world_size([stored.profile for stored in profiles], world_size)
+        found = at_world_size([stored.profile for stored in profiles], world_size, tp)
         return _Estimate(
             found.max_micro_batch_size,
             found.expected_peak_bytes or None,
@@ -477,21 +511,33 @@ def _estimate(profiles: list[StoredProfile], world_size: int, mode: str) -> _Est
         )
     [only] = profiles
     measured_at = only.profile.world_size
-    if measured_at > world_size:
-        raise NotFoundError(
-            f"this workload was measured under {mode} at world size {measured_at} only; a rank "
-            f"at world size {world_size} may hold more: profile it at world size {world_size}, "
-            "or at a second world size to estimate from"
-        )
+    dp_measured, tp_measured = worlds.shape_of(only.profile)
+    if tp_measured == 1 and tp == 1:
+        if measured_at > world_size:
+            raise NotFoundError(
+                f"this workload was measured under {mode} at world size {measured_at} only; a "
+                f"rank at world size {world_size} may hold more: profile it at world size "
+                f"{world_size}, or at a second world size to estimate from"
+            )
+        there, here, what = f"world size {measured_at}", f"world size {world_size}", "size"
+    else:
+        there, here = _where(measured_at, tp_measured), _where(world_size, tp)
+        if dp_measured > world_size // tp or tp_measured > tp:
+            raise NotFoundError(
+                f"this workload was measured under {mode} on a {there} only; a rank of a "
+                f"{here} may hold more: profile it there (--world-size {world_size} --tp {tp}), "
+                "or at more mesh shapes to estimate from"
+            )
+        what = "shape"
     probe = only.profile.probe_at(only.profile.max_micro_batch_size)
     return _Estimate(
         only.profile.max_micro_batch_size,
         probe.footprint_bytes if probe is not None else None,
         [only],
         None,
-        f"measured at world size {measured_at} only: a rank's memory does not grow with the "
-        f"world size, so its largest micro batch is kept; profile at world size "
-        f"{world_size} (or a second world size) for a larger one",
+        f"measured at {there} only: a rank's memory does not grow with the world {what}, "
+        f"so its largest micro batch is kept; profile at {here} (or a second {what}) for a "
+        "larger one",
     )
 
 
@@ -516,9 +562,12 @@ def on_device(
     return DeviceEstimate(found, round(fit.predict(found)) if found > 0 else None)
 
 
-def at_world_size(profiles: list[results.Profile], world_size: int) -> worlds.WorldEstimate:
-    """``M*`` at ``world_size`` from the fit across two or more measured world sizes."""
-    return worlds.estimate_world_size(profiles, world_size)
+def at_world_size(
+    profiles: list[results.Profile], world_size: int, tp: int = 1
+) -> worlds.WorldEstimate:
+    """``M*`` at ``world_size`` ranks (as ``world_size / tp × tp``) from the fit across two
+    or more measured world sizes or mesh shapes."""
+    return worlds.estimate_world_size(profiles, world_size, tp)
 
 
 def at_length(

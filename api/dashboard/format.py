@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from jinja2 import Environment
 
+from tuner.core.parallel import SIMULATED_RANKS_NOTE
 from tuner.core.plan import format_split
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -100,6 +101,13 @@ def oom_cap(oom_limit: int) -> str:
     return f"out of memory reported in training: recommendations use at most {oom_limit - 1}"
 
 
+def mesh_label(world_size: int, tp: int) -> str:
+    """A mesh as its badge reads: ``2 × 2 mesh`` (dp × tp); ``""`` without one."""
+    if tp <= 1 or world_size % tp:
+        return ""
+    return f"{world_size // tp} × {tp} mesh"
+
+
 def mode_label(mode: str, world_size: int) -> str:
     """A run's parallel mode and world size as a badge reads: ``1 process``, ``DDP × 2``."""
     if mode == "none" and world_size == 1:
@@ -131,5 +139,8 @@ def install_filters(environment: Environment) -> None:
         split=format_split,
         oom_cap=oom_cap,
         mode_label=mode_label,
+        mesh_label=mesh_label,
         variant=variant_text,
     )
+    # What a profile measured by one process standing for rank 0 says of itself.
+    environment.globals["simulated_ranks_note"] = SIMULATED_RANKS_NOTE

@@ -266,8 +266,12 @@ async def profile_page(
         "device": profile.device_key,
         "world_size": str(profile.world_size),
         "parallel": profile.parallel.mode,
+        # A mesh's tp; left blank (1) without one, so questions read as before.
+        "tp": str(profile.parallel.tp) if profile.parallel.tp > 1 else "",
         "global_batch_size": str(
-            calculator.default_global_batch(profile.max_micro_batch_size, profile.world_size)
+            calculator.default_global_batch(
+                profile.max_micro_batch_size, profile.world_size // profile.parallel.tp
+            )
         ),
     }
     # The page's profile fixes the workload and the device; the form asks the rest.

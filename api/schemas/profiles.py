@@ -133,10 +133,12 @@ class ProfileCreate(results.Profile):
 
     @model_validator(mode="after")
     def _one_entry_per_rank(self) -> ProfileCreate:
+        # A simulated world (one process standing for rank 0, --fake-world) measured one.
+        ranks = 1 if self.settings.simulated_ranks else self.world_size
         for probe in [*self.probes, *([self.oversize_probe] if self.oversize_probe else [])]:
             for name in ("rank_peaks_bytes", "rank_breakdowns"):
                 count = len(getattr(probe, name))
-                if count not in (0, self.world_size):
+                if count not in (0, ranks):
                     raise ValueError(
                         f"the probe at micro batch {probe.micro_batch_size} lists {count} "
                         f"{name} for world size {self.world_size}: give one per rank, or none"

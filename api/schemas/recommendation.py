@@ -17,7 +17,7 @@ MAX_SEQ_LEN = 2**24  # far past any model's positions: only a guard against nons
 
 
 class RecommendationQuery(RequestModel):
-    """global batch = micro batch × accumulation steps × world size"""
+    """global batch = micro batch × accumulation steps × world size / tp"""
 
     workload: Reference = Field(description="workload key or name")
     device: Reference = Field(description="device key or name")
@@ -26,11 +26,21 @@ class RecommendationQuery(RequestModel):
         le=MAX_GLOBAL_BATCH_SIZE,
         description=f"samples per optimizer step over all ranks, 1 to {MAX_GLOBAL_BATCH_SIZE}",
     )
+    # Before world_size, whose check reads it.
+    tp: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_GLOBAL_BATCH_SIZE,
+        description="tensor-parallel ranks of a 2-D mesh (world_size / tp × tp; 1 without a "
+        "mesh): answered from profiles at that mesh shape, or estimated across the shapes "
+        "measured; must divide world_size",
+    )
     world_size: int = Field(
         default=1,
         ge=1,
         le=MAX_GLOBAL_BATCH_SIZE,
-        description="data-parallel ranks; must divide global_batch_size",
+        description="ranks; world_size / tp (the data-parallel ranks) must divide "
+        "global_batch_size",
     )
     parallel: ParallelMode | None = Field(
         default=None,
@@ -67,7 +77,7 @@ class RecommendationQuery(RequestModel):
         global_batch_size = info.data.get("global_batch_size")
         if global_batch_size is not None:
             try:
-                plan.per_rank_batch(global_batch_size, world_size)
+                plan.per_rank_batch(global_batch_size, world_size, info.data.get("tp", 1))
             except BadInputError as exc:
                 raise ValueError(exc.message) from None
         return world_size
@@ -108,6 +118,9 @@ class RecommendationPublic(plan.Recommendation):
         description="device that profile measured: another device when basis is estimated"
     )
     profile_world_size: int = Field(description="ranks that profile was measured on")
+    profile_tp: int = Field(
+        default=1, description="tensor-parallel ranks of that profile's mesh (1 without one)"
+    )
     profile_parallel: ParallelMode = Field(description="that profile's parallel mode")
     profile_created_at: datetime
     parallel: ParallelMode = Field(description="the run's parallel mode, as answered")

@@ -330,6 +330,7 @@ def _profile_row(
         **variant_columns(profile),
         wall_time_s=profile.wall_time_s,
         world_size=profile.world_size,
+        tp=profile.parallel.tp,
         parallel_mode=profile.parallel.mode,
         parallel=profile.parallel.model_dump(mode="json"),
         probes=[

@@ -47,6 +47,7 @@ def _newest_measured_statement() -> Select[Any]:
             profile.workload_id == workload_id,
             profile.device_id == device_id,
             profile.world_size == bindparam("world_size"),
+            profile.tp == bindparam("tp"),
         )
         .order_by(profile.received_at.desc())
         .limit(1)
@@ -222,7 +223,8 @@ def _reads(dialect: Dialect) -> _Reads:
 
 
 class Measured(NamedTuple):
-    """The newest profile of a pair at one world size, as a measured answer reads it."""
+    """The newest profile of a pair at one world size (and mesh shape), as a measured
+    answer reads it."""
 
     profile_id: int
     created_at: datetime
@@ -289,10 +291,17 @@ class RecommendationRows:
         )
         return [DeviceRow(*row) for row in found]
 
-    def newest_measured(self, workload_id: int, device_id: int, world_size: int) -> Measured | None:
-        """The newest profile of the pair at ``world_size`` with its probes, if any."""
+    def newest_measured(
+        self, workload_id: int, device_id: int, world_size: int, tp: int = 1
+    ) -> Measured | None:
+        """The newest profile of the pair at ``world_size`` ranks as ``world_size / tp × tp``
+        with its probes, if any."""
         measured = self._reads.newest_measured.rows(
-            self._connection, workload_id=workload_id, device_id=device_id, world_size=world_size
+            self._connection,
+            workload_id=workload_id,
+            device_id=device_id,
+            world_size=world_size,
+            tp=tp,
         )
         if not measured:
             return None
@@ -321,7 +330,7 @@ class RecommendationRows:
         return limit
 
     def world_profiles(self, workload: WorkloadRow, device: DeviceRow) -> list[StoredProfile]:
-        """The pair's newest profile at each world size, smallest world size first."""
+        """The pair's newest profile at each world size and mesh shape, smallest first."""
         rows = self._reads.world_profiles.rows(
             self._connection, workload_id=workload.id, device_id=device.id
         )
@@ -395,7 +404,8 @@ class StoredProfile(NamedTuple):
 def _newest_per_world_size(
     rows: list[Any], workload: WorkloadRow, device: DeviceRow
 ) -> list[StoredProfile]:
-    """The newest profile at each world size, as much of it as the fit reads."""
+    """The newest profile at each world size and mesh shape ``(world_size, tp)``, as much
+    of it as the fit reads."""
     probes: dict[int, list[results.ProbeResult]] = {}
     heads: dict[int, Any] = {}
     for row in rows:
@@ -411,13 +421,14 @@ def _newest_per_world_size(
                     phase_peaks_bytes=row[14] or {},
                 )
             )
-    newest: dict[int, StoredProfile] = {}
-    # Newest first (received last), so the first at a size stays.
+    newest: dict[tuple[int, int], StoredProfile] = {}
+    # Newest first (received last), so the first at a shape stays.
     for received, (profile_id, head) in enumerate(heads.items()):
         world_size = head[2]
-        if world_size in newest:
+        parallel = Parallel.model_validate(head[3])
+        if (world_size, parallel.tp) in newest:
             continue
-        newest[world_size] = StoredProfile(
+        newest[world_size, parallel.tp] = StoredProfile(
             profile_id,
             results.Profile(
                 workload_key=workload.key,
@@ -428,7 +439,7 @@ def _newest_per_world_size(
                 ),
                 created_at=head[1],
                 world_size=world_size,
-                parallel=Parallel.model_validate(head[3]),
+                parallel=parallel,
                 max_micro_batch_size=head[4],
                 headroom=head[5],
                 budget_bytes=head[6],
@@ -441,4 +452,6 @@ def _newest_per_world_size(
             ),
             received,
         )
-    return sorted(newest.values(), key=lambda stored: stored.profile.world_size)
+    return sorted(
+        newest.values(), key=lambda stored: (stored.profile.world_size, stored.profile.parallel.tp)
+    )

@@ -270,6 +270,7 @@ def test_openapi_documents_the_questions_parameters(http: httpx.Client) -> None:
         "policy",
         "seq_len",
         "tokens_per_micro_batch",
+        "tp",
     }
     assert all(p["in"] == "query" for p in parameters.values())
     assert [name for name, p in parameters.items() if p["required"]] == [

@@ -57,6 +57,7 @@ class Question:
     parallel: str | None = None  # none, ddp or fsdp; None: the workload's own mode
     seq_len: int | None = None  # tokens per sequence; None: the workload's own shape
     tokens_per_micro_batch: int | None = None  # packed sequences' token budget
+    tp: int | None = None  # tensor-parallel ranks of a 2-D mesh; None (or 1): no mesh
 
     def params(self) -> dict[str, Any]:
         """The question as the service's query parameters."""
@@ -71,9 +72,11 @@ class Question:
     def _fields(self) -> dict[str, Any]:
         # Left out when not given, so a question asked as before keeps its query and file.
         document = asdict(self)
-        for optional in ("parallel", "seq_len", "tokens_per_micro_batch"):
+        for optional in ("parallel", "seq_len", "tokens_per_micro_batch", "tp"):
             if document[optional] is None:
                 del document[optional]
+        if document.get("tp") == 1:  # the default, as the service's key leaves it out
+            del document["tp"]
         return document
 
     def digest(self) -> str:
@@ -82,6 +85,8 @@ class Question:
 
     def describe(self) -> str:
         ranks = f" over {self.world_size} ranks" if self.world_size > 1 else ""
+        if self.tp is not None and self.tp > 1:
+            ranks += f" as a {self.world_size // self.tp} × {self.tp} mesh (dp × tp)"
         if self.parallel not in (None, "none"):
             ranks += f" under {self.parallel}"
         if self.seq_len is not None:

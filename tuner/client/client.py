@@ -178,6 +178,7 @@ class TunerClient:
         policy: str = plan.DEFAULT_POLICY,
         seq_len: int | None = None,
         tokens_per_micro_batch: int | None = None,
+        tp: int = 1,
         fallback: None = None,
     ) -> RecommendationPublic: ...
 
@@ -193,6 +194,7 @@ class TunerClient:
         policy: str = plan.DEFAULT_POLICY,
         seq_len: int | None = None,
         tokens_per_micro_batch: int | None = None,
+        tp: int = 1,
         fallback: Fallback,
     ) -> plan.Recommendation: ...
 
@@ -207,11 +209,16 @@ class TunerClient:
         policy: str = plan.DEFAULT_POLICY,
         seq_len: int | None = None,
         tokens_per_micro_batch: int | None = None,
+        tp: int = 1,
         fallback: Fallback | None = None,
     ) -> plan.Recommendation:
         """Micro batch and accumulation steps for ``workload`` (key or name) on ``device``.
 
-        global batch = micro batch × accumulation steps × world size
+        global batch = micro batch × accumulation steps × world size / tp
+
+        ``tp`` is the tensor-parallel degree of a 2-D FSDP mesh (``world_size / tp × tp``;
+        1 without one): answered from the profile at that mesh shape, else ``estimated``
+        across the shapes measured, or refused where that would extrapolate.
 
         ``parallel`` (``none``, ``ddp``, ``fsdp``; default the workload's own mode) is how
         the run spreads over its ``world_size`` ranks: a DDP or FSDP run is answered from
@@ -242,6 +249,7 @@ class TunerClient:
             parallel,
             seq_len,
             tokens_per_micro_batch,
+            tp if tp != 1 else None,
         )
         # Checked now, not when first needed: a wrong fallback must not wait for an outage.
         backup = None if fallback is None else _fallback_answer(fallback, question)
@@ -543,7 +551,8 @@ def _printed_profile(document: Mapping[str, Any]) -> Profile:
 
 def _fallback_answer(fallback: Fallback, question: Question) -> OfflineRecommendation:
     """The caller's fallback as an answer to ``question``, checked against it."""
-    per_rank = plan.per_rank_batch(question.global_batch_size, question.world_size)
+    tp = question.tp or 1
+    per_rank = plan.per_rank_batch(question.global_batch_size, question.world_size, tp)
     if question.policy not in plan.POLICIES:
         raise BadInputError(
             f"unknown policy {question.policy!r}: use one of {', '.join(plan.POLICIES)}"
@@ -590,6 +599,7 @@ def _settings_of(fallback: tuple[int, int], question: Question, per_rank: int) -
         "global_batch_size": question.global_batch_size,
         "world_size": question.world_size,
         "per_rank_batch_size": per_rank,
+        "tp": question.tp or 1,
         "policy": question.policy,
         "max_micro_batch_size": micro,
         "expected_peak_bytes": None,

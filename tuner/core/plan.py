@@ -3,8 +3,12 @@ all call this one module.
 
     global batch = micro batch × accumulation steps × world size
 
+On a 2-D mesh of ``dp × tp`` ranks the ``tp`` ranks of a data-parallel group share their
+samples, so ``global batch = micro batch × accumulation steps × dp`` with
+``dp = world size / tp`` (``tp = 1`` without a mesh: the line above).
+
 ``split`` lists every micro batch of one step on one rank, and it always sums to
-``b = B / W``. The default policy, ``balanced``, takes the fewest micro batches that fit,
+``b = B / dp``. The default policy, ``balanced``, takes the fewest micro batches that fit,
 ``k = ⌈b / M*⌉``, and sizes that differ by at most one: with ``b = q·k + r``, ``r`` micro
 batches of ``q + 1`` and ``k − r`` of ``q``. It runs as many steps as ``max`` (``M*``
 first, the remainder last) with a peak no higher, usually lower.
@@ -51,10 +55,14 @@ class Recommendation(BaseModel):
     # Measured samples per second of each fitting probe up to M*: what an integration that
     # runs equal micro batches only compares its choice with.
     measured_samples_per_second: dict[int, float] = {}
+    # Tensor-parallel ranks of the run's mesh (``world_size / tp × tp``); 1 without one.
+    tp: int = 1
 
     def describe(self) -> str:
         """One sentence a person reads: the settings and how a step splits."""
         ranks = f" × {self.world_size} ranks" if self.world_size > 1 else ""
+        if self.tp > 1:
+            ranks = f" × {self.world_size // self.tp} data-parallel groups of {self.tp} ranks"
         steps = f"{self.grad_accum} accumulation step{'s' if self.grad_accum != 1 else ''}"
         if len(set(self.split)) == 1:
             return (
@@ -111,20 +119,42 @@ def largest_equal_micro_batch(per_rank_batch_size: int, max_micro_batch_size: in
     raise AssertionError("1 divides every batch size")
 
 
-def per_rank_batch(global_batch_size: int, world_size: int) -> int:
-    """``B / W``, refusing values that cannot keep the global batch exact."""
+def per_rank_batch(global_batch_size: int, world_size: int, tp: int = 1) -> int:
+    """``B / dp`` (``dp = W / tp``; ``B / W`` without a mesh), refusing values that cannot
+    keep the global batch exact."""
     if global_batch_size < 1:
         raise BadInputError(
             f"global batch size must be a positive integer, got {global_batch_size}"
         )
     if world_size < 1:
         raise BadInputError(f"world size must be a positive integer, got {world_size}")
+    if tp != 1:
+        return _per_group_batch(global_batch_size, world_size, tp)
     if global_batch_size % world_size:
         raise BadInputError(
             f"global batch size {global_batch_size} is not divisible by world size {world_size}: "
             "choose a global batch that is a multiple of the number of ranks"
         )
     return global_batch_size // world_size
+
+
+def _per_group_batch(global_batch_size: int, world_size: int, tp: int) -> int:
+    """``B / dp`` on a mesh of ``dp × tp`` ranks."""
+    if tp < 1:
+        raise BadInputError(f"tp must be a positive integer, got {tp}")
+    if world_size % tp:
+        raise BadInputError(
+            f"world size {world_size} is not a multiple of tp {tp}: a mesh is dp × tp ranks, "
+            "so give a world size that tp divides (or the tp that divides it)"
+        )
+    dp = world_size // tp
+    if global_batch_size % dp:
+        raise BadInputError(
+            f"global batch size {global_batch_size} is not divisible by the {dp} data-parallel "
+            f"groups of a {dp} × {tp} mesh: choose a global batch that is a multiple of "
+            "world size / tp"
+        )
+    return global_batch_size // dp
 
 
 def recommend(
@@ -136,6 +166,7 @@ def recommend(
     policy: str = DEFAULT_POLICY,
     basis: Basis = "measured",
     capacity_bytes: int | None = None,
+    tp: int = 1,
 ) -> Recommendation:
     """Choose the micro batch and accumulation steps for ``B`` samples over ``W`` ranks.
 
@@ -151,7 +182,7 @@ def recommend(
     """
     if policy not in POLICIES:
         raise BadInputError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
-    per_rank = per_rank_batch(global_batch_size, world_size)
+    per_rank = per_rank_batch(global_batch_size, world_size, tp)
     if max_micro_batch_size < 1:
         raise NothingFitsError(
             "no micro batch size fits on this device, so no recommendation can be made"
@@ -181,6 +212,7 @@ def recommend(
         ),
         reason=reason,
         measured_samples_per_second={m: v for m, v in speeds.items() if m <= max_micro_batch_size},
+        tp=tp,
     )
 
 
@@ -267,6 +299,7 @@ def recommend_measured(
     world_size: int = 1,
     policy: str = DEFAULT_POLICY,
     oom_limit: int | None = None,
+    tp: int = 1,
 ) -> Recommendation:
     """The recommendation from a profile of this very device (its ``M*`` and probes), kept
     below a micro batch that ran out of memory in training."""
@@ -280,6 +313,7 @@ def recommend_measured(
         world_size=world_size,
         policy=policy,
         capacity_bytes=capacity_bytes,
+        tp=tp,
     )
 
 
@@ -293,6 +327,7 @@ def recommend_estimated(
     world_size: int = 1,
     policy: str = DEFAULT_POLICY,
     oom_limit: int | None = None,
+    tp: int = 1,
 ) -> Recommendation:
     """The recommendation for a device never profiled, from another device's fit.
 
@@ -310,6 +345,7 @@ def recommend_estimated(
         world_size=world_size,
         policy=policy,
         basis="estimated",
+        tp=tp,
     )
     peak = round(fit.predict(chosen.micro_batch_size))
     return chosen.model_copy(

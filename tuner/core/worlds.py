@@ -1,29 +1,54 @@
-"""Answers for a world size never measured, from profiles at two or more others.
+"""Answers for a world size or mesh shape never measured, from profiles at two or more others.
 
-Per rank, peak memory is close to
+On a 2-D mesh of ``dp × tp`` ranks (``W = dp·tp``; ``tp = 1`` is plain DDP or FSDP), per
+rank, each phase of a step peaks close to
 
-    peak(m, W) ≈ a + b·m + s / W
+    peak(m, dp, tp) ≈ a + b·m + c·m/tp + s/(dp·tp) + u/dp + g/tp
 
-``a`` is what every rank holds whole (DDP's replicas, buffers, workspaces), ``b`` the
-activations per sample (the same on every rank), ``s`` what FSDP shards over the ranks
-(parameters, gradients, optimizer state). Measured on the CPU, peaks at m = 1 fall like
-``a + s / W`` to within a fraction of a percent. A step has two phases whose peaks grow
-differently (forward and backward with m; the optimizer step hardly at all), so each is
-fitted on its own by least squares over every probe whose peak was measured, at every
-world size given, and the peak is the larger of the two.
+- ``a``: what every rank holds whole (DDP's replicas, buffers, workspaces);
+- ``b``: activations per sample that every tp rank holds whole (the residual stream, the
+  norms without sequence parallelism, the inputs and the head's output);
+- ``c``: activations per sample of the layers the plan splits (each tp rank holds its
+  ``1/tp`` of a column-split layer's output);
+- ``s``: parameters, gradients and optimizer state of the split layers, which FSDP then
+  shards over the data-parallel ranks (``1/(dp·tp)`` of them on a rank);
+- ``u``: the same of the layers the plan leaves whole (sharded over ``dp`` only);
+- ``g``: FSDP's all-gathered blocks of split layers (whole over ``dp``, ``1/tp`` of them).
 
-Only probes near each profile's boundary (half to twice its M*) enter the fit: that is
-where the answer lies, and at small sizes a fixed transient can hold a phase's peak flat.
+Only the terms the measured shapes can tell apart enter the fit, in that order of
+preference — ``1, m, 1/W, m/tp, 1/tp, 1/dp`` — each when its column is independent of
+those already taken (exactly, over the measured ``(m, dp, tp)``): all at ``tp = 1``, it is
+``a + b·m + s/W`` as before meshes existed; one value of ``dp·tp`` leaves ``1/W`` out; one
+value of ``tp`` leaves ``m/tp``, ``1/tp`` and ``1/dp`` out. Why these: measured on
+fake-world profiles of ``examples.mesh_mlp`` at (dp, tp) = (4, 1), (8, 1), (1, 4), (2, 4),
+(4, 2), the held-out (2, 2) is predicted within 0.08% of every measured peak near its M*
+(and M* 272 estimated, 272 measured); holding out each other shape in turn, within 0.22%.
+Without ``m/tp`` the held-out errors reach 4 to 18% (activations dominate a rank's peak,
+and most of them shrink with ``tp``); with ``1, m, 1/W, m/tp`` only, 0.25 to 0.41%; the
+shape terms ``1/tp`` and ``1/dp`` halve that again (``tests/core/test_mesh_worlds.py``).
 
-The answer is ``estimated``: the largest m whose predicted footprint, raised by the fit's
-largest relative residual, stays within the budget, and never above what was measured to
-fit at the nearest measured world size at or above W (memory per rank does not grow with
-W, so that size is a ceiling that ran). Torch-free, so the service can answer with it.
+A step has two phases whose peaks grow differently (forward and backward with m; the
+optimizer step hardly at all), so each is fitted on its own by least squares of relative
+errors over every probe whose peak was measured, at every shape given, and the peak is
+the larger of the two. Only probes near each profile's boundary (half to twice its M*)
+enter the fit: that is where the answer lies, and at small sizes a fixed transient can
+hold a phase's peak flat.
+
+The answer at ``(W, tp)`` is ``measured`` where a profile at exactly that shape exists
+(the newest), else ``estimated``: the largest m whose predicted footprint, raised by the
+fit's largest relative residual, stays within the budget, and never above what was
+measured to fit at the nearest measured shape that is at least as large in both
+dimensions (a rank's memory does not grow with dp or with tp, so that shape is a ceiling
+that ran). On a mesh, a shape outside the measured range of dp or of tp, or with no
+measured shape larger in both, is refused in one line: that would extrapolate. Without a
+mesh (every shape ``tp = 1``), as before: above the largest measured world size, that
+size's M* is the ceiling. Torch-free, so the service can answer with it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict
 
@@ -32,22 +57,58 @@ from tuner.core.least_squares import fit_linear, relative_weights
 from tuner.core.plan import Basis
 from tuner.core.results import Profile
 
+# The fit's terms in order of preference: each enters when the measured points can tell
+# it from those before it. Names are PhaseFit's fields.
+TERMS: tuple[str, ...] = (
+    "fixed_bytes",  # 1
+    "per_sample_bytes",  # m
+    "sharded_bytes",  # 1 / (dp·tp)
+    "per_sample_split_bytes",  # m / tp
+    "gathered_bytes",  # 1 / tp
+    "dp_sharded_bytes",  # 1 / dp
+)
+
+
+def _term_values(m: int, world_size: int, tp: int) -> tuple[Fraction, ...]:
+    dp = world_size // tp
+    return (
+        Fraction(1),
+        Fraction(m),
+        Fraction(1, world_size),
+        Fraction(m, tp),
+        Fraction(1, tp),
+        Fraction(1, dp),
+    )
+
 
 class PhaseFit(BaseModel):
-    """``peak(m, W) ≈ fixed + per_sample·m + sharded / W`` for one phase of a step."""
+    """``peak ≈ fixed + per_sample·m + per_sample_split·m/tp + sharded/(dp·tp)
+    + dp_sharded/dp + gathered/tp`` for one phase of a step (terms the shapes measured
+    cannot separate are 0)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     fixed_bytes: float
     per_sample_bytes: float
     sharded_bytes: float
+    per_sample_split_bytes: float = 0.0
+    gathered_bytes: float = 0.0
+    dp_sharded_bytes: float = 0.0
 
-    def predict(self, micro_batch_size: int, world_size: int) -> float:
+    def predict(self, micro_batch_size: int, world_size: int, tp: int = 1) -> float:
+        dp = world_size / tp
         return (
             self.fixed_bytes
             + self.per_sample_bytes * micro_batch_size
+            + self.per_sample_split_bytes * micro_batch_size / tp
             + self.sharded_bytes / world_size
+            + self.gathered_bytes / tp
+            + self.dp_sharded_bytes / dp
         )
+
+    def per_sample_at(self, tp: int = 1) -> float:
+        """Bytes per sample on a rank of a mesh with ``tp`` tensor-parallel ranks."""
+        return self.per_sample_bytes + self.per_sample_split_bytes / tp
 
 
 class WorldFit(BaseModel):
@@ -62,18 +123,30 @@ class WorldFit(BaseModel):
     points: int
     world_sizes: list[int]
     max_relative_error: float
+    # The measured (dp, tp) shapes and the terms the fit could separate.
+    shapes: list[tuple[int, int]] = []
+    terms: list[str] = []
 
-    def predict(self, micro_batch_size: int, world_size: int) -> float:
-        peak = max(fit.predict(micro_batch_size, world_size) for fit in self.phases.values())
+    def predict(self, micro_batch_size: int, world_size: int, tp: int = 1) -> float:
+        peak = max(fit.predict(micro_batch_size, world_size, tp) for fit in self.phases.values())
         return peak + self.overhead_bytes
 
     @property
     def per_sample_bytes(self) -> float:
-        return max(fit.per_sample_bytes for fit in self.phases.values())
+        return self.per_sample_at(1)
+
+    def per_sample_at(self, tp: int = 1) -> float:
+        """The steepest phase's bytes per sample with ``tp`` tensor-parallel ranks."""
+        return max(fit.per_sample_at(tp) for fit in self.phases.values())
+
+    @property
+    def has_mesh(self) -> bool:
+        return any(tp > 1 for _, tp in self.shapes)
 
 
 class WorldEstimate(BaseModel):
-    """The largest micro batch expected to fit at ``world_size``, and what it rests on."""
+    """The largest micro batch expected to fit at ``world_size`` (a mesh of
+    ``world_size / tp × tp``), and what it rests on."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -83,52 +156,82 @@ class WorldEstimate(BaseModel):
     fit: WorldFit
     based_on: list[int]  # the world sizes of the profiles used
     basis: Basis = "estimated"
+    tp: int = 1
+    # The (dp, tp) shapes of the profiles used, and the one whose M* is the ceiling.
+    based_on_shapes: list[tuple[int, int]] = []
+    ceiling_shape: tuple[int, int] | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(dp, tp)``."""
+        return self.world_size // self.tp, self.tp
+
+    def where(self) -> str:
+        """``world size 4``, or ``a 2 × 2 mesh (dp × tp)``."""
+        if self.tp == 1 and not self.fit.has_mesh:
+            return f"world size {self.world_size}"
+        dp, tp = self.shape
+        return f"a {dp} × {tp} mesh (dp × tp)"
 
     def describe(self) -> str:
+        where = self.where()
         if self.basis == "measured":
-            return f"M* {self.max_micro_batch_size} at world size {self.world_size} (measured)"
+            return f"M* {self.max_micro_batch_size} at {where} (measured)"
+        if self.fit.has_mesh or self.tp > 1:
+            sources = "mesh shapes " + ", ".join(f"{d} × {t}" for d, t in self.based_on_shapes)
+        else:
+            sources = "world sizes " + ", ".join(map(str, self.based_on))
         return (
-            f"M* {self.max_micro_batch_size} at world size {self.world_size} (estimated from "
-            f"world sizes {', '.join(map(str, self.based_on))}; fit within "
-            f"{self.fit.max_relative_error:.1%} of every measured peak)"
+            f"M* {self.max_micro_batch_size} at {where} (estimated from {sources}; fit "
+            f"within {self.fit.max_relative_error:.1%} of every measured peak)"
         )
 
 
+def shape_of(profile: Profile) -> tuple[int, int]:
+    """``(dp, tp)`` of the mesh a profile was measured on (``(W, 1)`` without one)."""
+    tp = profile.parallel.tp
+    return profile.world_size // tp, tp
+
+
 def fit_world_sizes(profiles: Sequence[Profile]) -> WorldFit:
-    """Least squares of each phase's measured peak against ``(1, m, 1/W)``."""
+    """Least squares of each phase's measured peak against the terms the shapes measured
+    can separate, drawn from ``(1, m, 1/W, m/tp, 1/tp, 1/dp)``."""
     _check_comparable(profiles)
     # Near each profile's boundary only: at small sizes a fixed transient (an all-gathered
     # embedding, say) can hold the peak flat, and far past the budget nothing is decided.
     measured = [
-        (probe, profile.world_size)
+        (probe, profile.world_size, profile.parallel.tp)
         for profile in profiles
         for probe in profile.probes
         if probe.footprint_bytes is not None
         and probe.peak_allocated_bytes is not None
         and near_boundary(probe.micro_batch_size, profile.max_micro_batch_size)
     ]
-    if len({probe.micro_batch_size for probe, _ in measured}) < 2:
+    if len({probe.micro_batch_size for probe, _, _ in measured}) < 2:
         raise BadInputError("the profiles measured fewer than two micro batch sizes: profile more")
-    curves: dict[str, list[tuple[int, int, int]]] = {}
-    for probe, world in measured:
+    curves: dict[str, list[tuple[int, int, int, int]]] = {}
+    for probe, world, tp in measured:
         # Without phases (an older profile), the whole footprint is one curve.
         peaks = probe.phase_peaks_bytes or {"step": probe.peak_allocated_bytes or 0}
         for phase, peak in peaks.items():
-            curves.setdefault(phase, []).append((probe.micro_batch_size, world, peak))
+            curves.setdefault(phase, []).append((probe.micro_batch_size, world, tp, peak))
     overhead = max(
-        (probe.footprint_bytes or 0) - (probe.peak_allocated_bytes or 0) for probe, _ in measured
+        (probe.footprint_bytes or 0) - (probe.peak_allocated_bytes or 0) for probe, _, _ in measured
     )
+    terms = separable_terms([(p.micro_batch_size, w, t) for p, w, t in measured])
     fit = WorldFit(
-        phases={phase: _fit_phase(points) for phase, points in curves.items()},
+        phases={phase: _fit_phase(points, terms) for phase, points in curves.items()},
         overhead_bytes=float(overhead),
         points=len(measured),
         world_sizes=sorted({p.world_size for p in profiles}),
         max_relative_error=0.0,
+        shapes=sorted({shape_of(p) for p in profiles}),
+        terms=[TERMS[i] for i in terms],
     )
     worst = max(
-        abs(fit.predict(probe.micro_batch_size, world) - (probe.footprint_bytes or 0))
+        abs(fit.predict(probe.micro_batch_size, world, tp) - (probe.footprint_bytes or 0))
         / (probe.footprint_bytes or 1)
-        for probe, world in measured
+        for probe, world, tp in measured
     )
     return fit.model_copy(update={"max_relative_error": worst})
 
@@ -138,21 +241,62 @@ def near_boundary(size: int, max_micro_batch_size: int) -> bool:
     return max_micro_batch_size / 2 <= size <= 2 * max_micro_batch_size + 2
 
 
-def _fit_phase(points: list[tuple[int, int, int]]) -> PhaseFit:
-    """Least squares of relative errors over ``(m, W, peak)`` points."""
-    rows = [(1.0, float(m), 1.0 / w) for m, w, _ in points]
-    peaks = [float(peak) for _, _, peak in points]
-    a, b, s = fit_linear(rows, peaks, relative_weights(peaks))
-    return PhaseFit(fixed_bytes=a, per_sample_bytes=b, sharded_bytes=s)
+def separable_terms(points: Sequence[tuple[int, int, int]]) -> list[int]:
+    """The indices into :data:`TERMS` of the terms the ``(m, W, tp)`` points can tell
+    apart: each in turn when its column is independent of those taken (exact arithmetic,
+    so no tolerance decides it)."""
+    rows = {_term_values(m, w, tp) for m, w, tp in points}
+    chosen: list[int] = []
+    for index in range(len(TERMS)):
+        if _rank(rows, [*chosen, index]) == len(chosen) + 1:
+            chosen.append(index)
+    return chosen
 
 
-def estimate_world_size(profiles: Sequence[Profile], world_size: int) -> WorldEstimate:
-    """The answer for ``world_size`` from profiles of the same workload at other sizes."""
+def _rank(rows: set[tuple[Fraction, ...]], columns: list[int]) -> int:
+    """The rank of the points' matrix restricted to ``columns`` (Gaussian elimination)."""
+    matrix = [[row[c] for c in columns] for row in rows]
+    rank = 0
+    for col in range(len(columns)):
+        pivot = next((r for r in range(rank, len(matrix)) if matrix[r][col] != 0), None)
+        if pivot is None:
+            continue
+        matrix[rank], matrix[pivot] = matrix[pivot], matrix[rank]
+        for r in range(len(matrix)):
+            if r != rank and matrix[r][col] != 0:
+                factor = matrix[r][col] / matrix[rank][col]
+                matrix[r] = [x - factor * y for x, y in zip(matrix[r], matrix[rank], strict=True)]
+        rank += 1
+    return rank
+
+
+def _fit_phase(points: list[tuple[int, int, int, int]], terms: list[int]) -> PhaseFit:
+    """Least squares of relative errors over ``(m, W, tp, peak)`` points."""
+    rows = [[float(_term_values(m, w, tp)[i]) for i in terms] for m, w, tp, _ in points]
+    peaks = [float(peak) for *_, peak in points]
+    found = fit_linear(rows, peaks, relative_weights(peaks))
+    values = dict.fromkeys(TERMS, 0.0)
+    values.update({TERMS[i]: value for i, value in zip(terms, found, strict=True)})
+    return PhaseFit(**values)
+
+
+def estimate_world_size(profiles: Sequence[Profile], world_size: int, tp: int = 1) -> WorldEstimate:
+    """The answer for ``world_size`` ranks as ``world_size / tp × tp`` from profiles of the
+    same workload at other sizes or shapes."""
     if world_size < 1:
         raise BadInputError(f"world size must be at least 1, got {world_size}")
+    if tp < 1:
+        raise BadInputError(f"tp must be at least 1, got {tp}")
+    if world_size % tp:
+        raise BadInputError(
+            f"world size {world_size} is not a multiple of tp {tp}: ask for a world size "
+            "that is dp × tp ranks"
+        )
     fit = fit_world_sizes(profiles)
-    exact = [p for p in profiles if p.world_size == world_size]
-    if exact:  # measured: the newest profile at this size answers
+    shape = (world_size // tp, tp)
+    shapes = sorted({shape_of(p) for p in profiles})
+    exact = [p for p in profiles if shape_of(p) == shape]
+    if exact:  # measured: the newest profile at this shape answers
         found = max(exact, key=lambda p: p.created_at)
         probe = found.probe_at(found.max_micro_batch_size)
         return WorldEstimate(
@@ -162,37 +306,66 @@ def estimate_world_size(profiles: Sequence[Profile], world_size: int) -> WorldEs
             fit=fit,
             based_on=[world_size],
             basis="measured",
+            tp=tp,
+            based_on_shapes=[shape],
+            ceiling_shape=shape,
         )
-    if fit.per_sample_bytes <= 0:
+    ceiling_from = _ceiling(profiles, shape, mesh=fit.has_mesh or tp > 1)
+    if fit.per_sample_at(tp) <= 0:
         raise BadInputError("peak memory does not grow with the micro batch in these profiles")
     budget = profiles[0].budget_bytes
     margin = 1 + fit.max_relative_error
     fitting = [
         m
         for m in range(1, profiles[0].size_cap + 1)
-        if fit.predict(m, world_size) * margin <= budget
+        if fit.predict(m, world_size, tp) * margin <= budget
     ]
     size = max(fitting, default=0)
-    at_or_above = [p for p in profiles if p.world_size >= world_size]
-    ceiling_from = (
-        min(at_or_above, key=lambda p: p.world_size)
-        if at_or_above
-        else max(profiles, key=lambda p: p.world_size)
-    )
     size = max(0, min(size, ceiling_from.max_micro_batch_size, profiles[0].size_cap))
     return WorldEstimate(
         world_size=world_size,
         max_micro_batch_size=size,
-        expected_peak_bytes=int(fit.predict(size, world_size)) if size else 0,
+        expected_peak_bytes=int(fit.predict(size, world_size, tp)) if size else 0,
         fit=fit,
         based_on=fit.world_sizes,
+        tp=tp,
+        based_on_shapes=shapes,
+        ceiling_shape=shape_of(ceiling_from),
     )
 
 
-def _check_comparable(profiles: Sequence[Profile]) -> None:
-    if len({p.world_size for p in profiles}) < 2:
+def _ceiling(profiles: Sequence[Profile], shape: tuple[int, int], *, mesh: bool) -> Profile:
+    """The profile whose M* bounds the estimate at ``shape``: of the measured shapes at
+    least as large in both dp and tp, the nearest (fewest ranks; of equals, the smaller
+    M*). On a mesh, refused where the estimate would extrapolate."""
+    dp, tp = shape
+    larger = [p for p in profiles if shape_of(p)[0] >= dp and shape_of(p)[1] >= tp]
+    if not mesh:  # one dimension, as before meshes: the largest world size measured caps it
+        if not larger:
+            return max(profiles, key=lambda p: p.world_size)
+        return min(larger, key=lambda p: (p.world_size, p.max_micro_batch_size))
+    dps = sorted({shape_of(p)[0] for p in profiles})
+    tps = sorted({shape_of(p)[1] for p in profiles})
+    measured = ", ".join(f"{d} × {t}" for d, t in sorted({shape_of(p) for p in profiles}))
+    if not (dps[0] <= dp <= dps[-1] and tps[0] <= tp <= tps[-1]):
         raise BadInputError(
-            "an estimate across world sizes needs profiles at two or more world sizes"
+            f"a {dp} × {tp} mesh (dp × tp) is outside the measured dp {dps[0]}..{dps[-1]} "
+            f"and tp {tps[0]}..{tps[-1]} (shapes {measured}): an estimate would extrapolate; "
+            "profile at this shape"
+        )
+    if not larger:
+        raise BadInputError(
+            f"no measured mesh is at least {dp} × {tp} (dp × tp) in both dimensions (shapes "
+            f"{measured}), so nothing that ran bounds an estimate: profile at this shape"
+        )
+    return min(larger, key=lambda p: (p.world_size, p.max_micro_batch_size))
+
+
+def _check_comparable(profiles: Sequence[Profile]) -> None:
+    if len({shape_of(p) for p in profiles}) < 2:
+        raise BadInputError(
+            "an estimate across world sizes needs profiles at two or more world sizes "
+            "(or mesh shapes)"
         )
     first = profiles[0]
     for profile in profiles[1:]:
