@@ -14,6 +14,7 @@ from pydantic import (
     JsonValue,
     StringConstraints,
     field_validator,
+    model_validator,
 )
 
 from api.schemas.common import (
@@ -73,6 +74,22 @@ class JobSettings(RequestModel):
     parallel: ParallelMode | None = Field(
         default=None, description="none, ddp or fsdp; unset: what the workload declares"
     )
+    tp: PositiveInt32 | None = Field(
+        default=None,
+        description="with parallel fsdp: tensor-parallel ranks per data-parallel group, the "
+        "world_size ranks laid out as a (world_size / tp) × tp mesh; unset: no mesh",
+    )
+
+    @model_validator(mode="after")
+    def _mesh_divides_the_world(self) -> JobSettings:
+        if self.tp is not None and self.world_size % self.tp:
+            raise ValueError(
+                f"world_size {self.world_size} is not a multiple of tp {self.tp}: the ranks "
+                "form a (world_size / tp) × tp mesh"
+            )
+        if self.tp is not None and self.parallel not in (None, "fsdp"):
+            raise ValueError(f"tp needs parallel fsdp, not {self.parallel}")
+        return self
 
 
 class JobCreate(RequestModel):

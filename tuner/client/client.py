@@ -416,13 +416,15 @@ class TunerClient:
         warmup_steps: int | None = None,
         world_size: int | None = None,
         parallel: str | None = None,
+        tp: int | None = None,
         idempotency_key: str | None = None,
     ) -> JobPublic:
         """Queue ``tuner profile TARGET`` for a worker on ``device`` (its key or name).
 
         Settings left out take the worker's defaults, as ``tuner profile``'s flags do. With
         ``world_size`` and ``parallel`` (``ddp``, ``fsdp``) the job profiles on that many
-        ranks, and only a worker with that many devices (CPU: processes) takes it. A
+        ranks, and only a worker with that many devices (CPU: processes) takes it; ``tp``
+        lays them out as a ``(world_size / tp) × tp`` mesh (FSDP × tensor parallelism). A
         worker runs only the targets its owner allows (``tuner worker --allow``): any other
         fails at once, with the reason in the job's ``error``.
 
@@ -440,6 +442,7 @@ class TunerClient:
                 ("warmup_steps", warmup_steps),
                 ("world_size", world_size),
                 ("parallel", parallel),
+                ("tp", tp),
             )
             if value is not None
         }

@@ -270,6 +270,7 @@ class _Planner:
             global_batch_size=self.global_batch_size,
             world_size=self.world_size,
             parallel=self.workload.parallel.mode,
+            tp=self.workload.parallel.tp,
             policy=self.policy,
             fallback=fallback if fallback is not None else self.fallback,
         )
@@ -314,6 +315,7 @@ class _Planner:
             capacity_bytes=profile.device.capacity_bytes,
             global_batch_size=self.global_batch_size,
             world_size=self.world_size,
+            tp=self.workload.parallel.tp,
             policy=self.policy,
         )
         return OfflineRecommendation(
@@ -341,6 +343,7 @@ class _Planner:
             size_cap=self.size_cap,
             world_size=self.world_size if self.workload.parallel.distributed else None,
             parallel=self.workload.parallel.mode if self.workload.parallel.distributed else None,
+            tp=self.workload.parallel.tp if self.workload.parallel.has_mesh else None,
         )
         done = self.client.wait_for_job(job.id, timeout=timeout, poll=poll)
         if done.status == "failed":

@@ -70,6 +70,7 @@ SETTING_FLAGS = {
     "warmup_steps": "--warmup-steps",
     "world_size": "--world-size",
     "parallel": "--parallel",
+    "tp": "--tp",
 }
 
 

@@ -22,7 +22,7 @@ def add_parser(commands: Any) -> None:
     recommend = commands.add_parser(
         "recommend",
         help="ask the service for micro batch size and accumulation steps",
-        description="global batch = micro batch × accumulation steps × world size. Asks the "
+        description="global batch = micro batch × accumulation steps × world size / tp. Asks the "
         "service (TUNER_URL) for the settings that fit WORKLOAD on DEVICE.",
     )
     recommend.add_argument("--workload", required=True, help="workload key or name")
@@ -35,6 +35,13 @@ def add_parser(commands: Any) -> None:
     )
     recommend.add_argument(
         "--world-size", type=positive_int, default=1, help="data-parallel ranks (default 1)"
+    )
+    recommend.add_argument(
+        "--tp",
+        type=positive_int,
+        default=1,
+        help="tensor-parallel ranks of a 2-D FSDP mesh: the --world-size ranks as "
+        "(world/tp) × tp, the global batch split over world/tp groups (default 1: no mesh)",
     )
     recommend.add_argument(
         "--parallel",
@@ -84,6 +91,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
                 global_batch_size=args.global_batch_size,
                 world_size=args.world_size,
                 parallel=args.parallel,
+                tp=args.tp,
                 policy=args.policy,
                 seq_len=args.seq_len,
                 tokens_per_micro_batch=args.tokens_per_micro_batch,
@@ -143,8 +151,13 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
 
 def _source(answer: RecommendationPublic) -> str:
     """Which profiles the numbers come from, and how they were measured."""
+    mesh = (
+        f" as {answer.profile_world_size // answer.profile_tp} × {answer.profile_tp}"
+        if answer.profile_tp > 1
+        else ""
+    )
     ranks = (
-        f" ({answer.profile_parallel} on {answer.profile_world_size} ranks)"
+        f" ({answer.profile_parallel} on {answer.profile_world_size} ranks{mesh})"
         if answer.profile_parallel != "none"
         else " (one process)"
         if answer.parallel != "none"
@@ -158,7 +171,8 @@ def _source(answer: RecommendationPublic) -> str:
     if len(answer.based_on_profiles) > 1:
         error = f", fit within {answer.expected_error:.1%}" if answer.expected_error else ""
         profiles = ", ".join(map(str, answer.based_on_profiles))
-        return f"estimated across world sizes from profiles {profiles}{error}"
+        across = "mesh shapes" if answer.tp > 1 or answer.profile_tp > 1 else "world sizes"
+        return f"estimated across {across} from profiles {profiles}{error}"
     if answer.profile_device_key != answer.device_key:
         return (
             f"estimated from profile {answer.profile_id}{ranks} on device "
