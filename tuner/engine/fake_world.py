@@ -32,13 +32,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from tuner.core.errors import BadInputError, WorkloadError
-from tuner.core.results import ProbeResult, ProbeSettings, Profile
+from tuner.core.results import ProbeSettings, Profile
 from tuner.engine.backends import Backend
 from tuner.engine.backends.base import plain_tensors
 from tuner.engine.fingerprint import device_key, workload_key
 from tuner.engine.outcome import (
     ProbeObserver,
     build_profile,
+    observed,
     validate_search_settings,
     workload_info,
 )
@@ -189,14 +190,7 @@ def profile_fake_world(
             prober(1)
         keys = (workload_key(workload, prober.optimizer), device_key(backend))
 
-        def probe(size: int) -> ProbeResult:
-            if observer is not None:
-                observer.probe_started(size)
-            result = prober(size)
-            if observer is not None:
-                observer.probe_finished(result)
-            return result
-
+        probe = observed(prober, observer)
         outcome = run_search(strategy, probe, cap=size_cap, budget_bytes=prober.budget_bytes)
         info = workload_info(workload, prober.optimizer)
     return build_profile(

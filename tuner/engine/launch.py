@@ -36,7 +36,12 @@ from tuner.core.parallel import Parallel
 from tuner.core.results import DeviceInfo, ProbeResult, ProbeSettings, Profile, WorkloadInfo
 from tuner.core.units import format_bytes
 from tuner.engine.dry_run import dry_run_of_target
-from tuner.engine.outcome import ProbeObserver, build_profile, validate_search_settings
+from tuner.engine.outcome import (
+    ProbeObserver,
+    build_profile,
+    observed,
+    validate_search_settings,
+)
 from tuner.engine.rank import PROBE_TIMEOUT_S, RankReady, RankRequest, rank_main
 from tuner.engine.search import run_search
 
@@ -298,21 +303,18 @@ def profile_distributed(
     )
     ready = group.start()
 
-    def probe(size: int) -> ProbeResult:
-        if observer is not None:
-            observer.probe_started(size)
+    def on_every_rank(size: int) -> ProbeResult:
         probe_started = time.perf_counter()
         if not group.processes:
             group.start()
         results = group.probe(size, probe_timeout_s)
-        result = (
+        return (
             out_of_memory_on_a_rank(size, time.perf_counter() - probe_started)
             if results is None
             else combine(size, results, settings)
         )
-        if observer is not None:
-            observer.probe_finished(result)
-        return result
+
+    probe = observed(on_every_rank, observer)
 
     dry_run = dry_run_of_target(
         target,

@@ -5,6 +5,7 @@ search settings, the observer of each probe, and the profile itself."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -32,6 +33,22 @@ class ProbeObserver(Protocol):
     def probe_started(self, micro_batch_size: int) -> None: ...
 
     def probe_finished(self, result: ProbeResult) -> None: ...
+
+
+def observed(
+    probe: Callable[[int], ProbeResult], observer: ProbeObserver | None
+) -> Callable[[int], ProbeResult]:
+    """``probe``, telling ``observer`` (when there is one) as each probe starts and ends."""
+    if observer is None:
+        return probe
+
+    def observed_probe(size: int) -> ProbeResult:
+        observer.probe_started(size)
+        result = probe(size)
+        observer.probe_finished(result)
+        return result
+
+    return observed_probe
 
 
 def validate_search_settings(*, headroom: float, size_cap: int, strategy: str) -> None:

@@ -16,6 +16,7 @@ from tuner.engine.outcome import (
     DEFAULT_SIZE_CAP,
     ProbeObserver,
     build_profile,
+    observed,
     validate_search_settings,
     workload_info,
 )
@@ -98,14 +99,7 @@ def profile_workload(
     ):
         keys = (workload_key(workload, prober.optimizer), device_key(backend))
 
-        def observed_probe(size: int) -> ProbeResult:
-            if observer is not None:
-                observer.probe_started(size)
-            result = prober(size)
-            if observer is not None:
-                observer.probe_finished(result)
-            return result
-
+        observed_probe = observed(prober, observer)
         predict = dry_run if dry_run.available else None
         if search is not None:
             outcome = search(
