@@ -18,7 +18,7 @@ import torch
 from tests.helpers import run_tuner, subprocess_env
 from tuner.core.errors import BadInputError, WorkloadError
 from tuner.core.parallel import Parallel, parse_parallel
-from tuner.core.results import ProbeSettings
+from tuner.core.results import ProbeSettings, Profile
 from tuner.engine.backends import make_backend
 from tuner.engine.fake_world import fake_process_group, profile_fake_world
 from tuner.engine.launch import RankGroup
@@ -205,17 +205,21 @@ def test_a_step_that_reads_a_collectives_values_is_refused_in_a_fake_world() -> 
         )
 
 
-def test_a_fake_world_profile_is_measured_marked_and_keyed_like_a_real_one() -> None:
+def _fake_world_profile(tp: int, world_size: int = 16) -> Profile:
     workload = load_workload(MLP, MLP_OPTIONS)
-    workload.parallel = _mesh(2)
-    profile = profile_fake_world(
+    workload.parallel = _mesh(tp)
+    return profile_fake_world(
         workload,
         make_backend("cpu", memory_limit_bytes=8 * MiB),
-        world_size=16,
+        world_size=world_size,
         headroom=0.05,
         strategy="model",
         size_cap=4096,
     )
+
+
+def test_a_fake_world_profile_is_measured_marked_and_keyed_like_a_real_one() -> None:
+    profile = _fake_world_profile(2)
     assert profile.settings.simulated_ranks
     assert (profile.world_size, profile.parallel.tp) == (16, 2)
     assert profile.max_micro_batch_size > 0
@@ -226,16 +230,7 @@ def test_a_fake_world_profile_is_measured_marked_and_keyed_like_a_real_one() -> 
     assert above is not None
     assert not above.fits
     # tp is a shape, not a setting: the same workload at another mesh has the same key.
-    workload = load_workload(MLP, MLP_OPTIONS)
-    workload.parallel = _mesh(4)
-    other = profile_fake_world(
-        workload,
-        make_backend("cpu", memory_limit_bytes=8 * MiB),
-        world_size=16,
-        headroom=0.05,
-        strategy="model",
-        size_cap=4096,
-    )
+    other = _fake_world_profile(4)
     assert other.workload_key == profile.workload_key
     assert other.max_micro_batch_size > profile.max_micro_batch_size
     assert not torch.distributed.is_initialized()  # the fake world is left behind
