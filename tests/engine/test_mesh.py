@@ -229,6 +229,13 @@ def test_a_fake_world_profile_is_measured_marked_and_keyed_like_a_real_one() -> 
     assert fits.fits
     assert above is not None
     assert not above.fits
+    # One collective in flight is counted at the peak, in the footprint and not in the
+    # peak: at least the all-reduced activation of a row-wise layer (m × 4 × 32 fp32).
+    assert fits.collective_copies_bytes >= profile.max_micro_batch_size * 4 * 32 * 4
+    assert fits.footprint_bytes == (
+        fits.peak_bytes + fits.non_torch_bytes + fits.collective_copies_bytes
+    )
+    assert fits.footprint_bytes <= profile.budget_bytes
     # tp is a shape, not a setting: the same workload at another mesh has the same key.
     other = _fake_world_profile(4)
     assert other.workload_key == profile.workload_key

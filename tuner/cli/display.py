@@ -249,7 +249,14 @@ def print_profile(
         highlight=False,
     )
     copies = at_max.collective_copies_bytes if at_max is not None else 0
-    if copies:
+    if copies and profile.settings.simulated_ranks:
+        console.print(
+            f"in flight +{format_bytes(copies)} at micro batch {profile.max_micro_batch_size}: "
+            "the largest collective's buffer, counted as held at the peak (a real collective "
+            "keeps its tensors until it completes); in the limit's check",
+            highlight=False,
+        )
+    elif copies:
         console.print(
             f"gloo      +{format_bytes(copies)} at micro batch {profile.max_micro_batch_size}: "
             "gloo's all-gather copies on its worker threads, in the CPU limit's check; the peak "

@@ -51,7 +51,8 @@ class MemoryBreakdown(_Frozen):
         ge=0,
         description="on CPU ranks (gloo): what the process held at its peak beyond this "
         "peak, every thread counted (gloo's all-gather temporaries on its worker threads); "
-        "a GPU with NCCL holds none of it. 0 elsewhere",
+        "a GPU with NCCL holds none of it. In a fake world: the largest buffer of one "
+        "collective, held a moment longer at the peak as a real one may be. 0 elsewhere",
     )
     activations_by_block_bytes: dict[str, int] = Field(
         default_factory=dict,
