@@ -214,9 +214,16 @@ def fit_world_sizes(profiles: Sequence[Profile]) -> WorldFit:
         # Without phases (an older profile), the whole footprint is one curve.
         peaks = probe.phase_peaks_bytes or {"step": probe.peak_allocated_bytes or 0}
         for phase, peak in peaks.items():
-            curves.setdefault(phase, []).append((probe.micro_batch_size, world, tp, peak))
+            # What collectives hold beyond the peak (gloo's copies, a fake world's one in
+            # flight) grows with the shape like the accumulation phase it happens in, so it
+            # is fitted with it; the optimizer step runs no collective.
+            held = probe.collective_copies_bytes if phase != "optimizer" else 0
+            curves.setdefault(phase, []).append((probe.micro_batch_size, world, tp, peak + held))
     overhead = max(
-        (probe.footprint_bytes or 0) - (probe.peak_allocated_bytes or 0) for probe, _, _ in measured
+        (probe.footprint_bytes or 0)
+        - (probe.peak_allocated_bytes or 0)
+        - probe.collective_copies_bytes
+        for probe, _, _ in measured
     )
     terms = separable_terms([(p.micro_batch_size, w, t) for p, w, t in measured])
     fit = WorldFit(
