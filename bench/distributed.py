@@ -191,10 +191,12 @@ def mesh_main(quick: bool) -> None:
             f"{format_bytes(limit)} per rank (5% headroom).",
             "Real ranks against the fake world: each shape profiled on 4 gloo ranks "
             "(127.0.0.1), then by one process standing for rank 0 on torch's fake process "
-            "group. M* differs by what gloo copies: on the CPU its collective copies are the "
-            "process's memory and count against the limit; NCCL makes none, so the fake "
-            "world's M* is the one that stands for a GPU. The step peak (what a GPU holds) "
-            "is compared at every size the real search probed.",
+            "group. The step peak (what a GPU holds) is compared at every size the real "
+            "search probed: equal to the byte except where a real rank still held a "
+            "collective's buffer. The M*s differ by what each counts beyond the peak: a "
+            "real CPU rank its gloo copies (the process's memory, against the limit; NCCL "
+            "makes none), the fake world one collective in flight (the largest buffer of "
+            "the step, as a real collective keeps its tensors until it completes).",
             markdown_table(
                 [
                     "(dp, tp)",
