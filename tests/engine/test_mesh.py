@@ -253,6 +253,11 @@ def test_the_command_line_says_a_fake_worlds_numerics_are_not_trained() -> None:
     out = " ".join(done.stdout.split())
     assert "as a 64 × 8 mesh (dp × tp)" in out
     assert "numerics not trained" in out
+    # What each dimension saved a rank: the whole model's parameters over 512 (split
+    # layers) or 64 (the rest), measured at M*.
+    assert "mesh 64 × 8: parameters" in out
+    assert "÷512 for the layers the tp plan splits, ÷64 for the rest" in out
+    assert "in flight +" in out
     # The global batch is split over the 64 data-parallel groups, not 512 ranks.
     assert "global batch 4096" in out
     as_json = run_tuner(

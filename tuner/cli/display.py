@@ -12,7 +12,7 @@ from rich.table import Table
 
 from tuner.core.parallel import SIMULATED_RANKS_NOTE, mesh_text
 from tuner.core.plan import Recommendation
-from tuner.core.results import ProbeResult, Profile
+from tuner.core.results import MemoryBreakdown, ProbeResult, Profile
 from tuner.core.units import format_bytes
 
 if TYPE_CHECKING:
@@ -110,8 +110,9 @@ def ranks_line(profile: Profile, world_size: int = 1) -> str:
     return "measured in one process"
 
 
-def rank_table(probe: ProbeResult) -> Table:
-    """Each rank's peak and where it went, for the probe at ``M*``."""
+def rank_table(probe: ProbeResult, tp: int = 1) -> Table:
+    """Each rank's peak and where it went, for the probe at ``M*``; on a mesh, each rank's
+    place in it (data-parallel group, tensor-parallel rank)."""
     table = Table(title=f"Per rank at micro batch {probe.micro_batch_size}", title_justify="left")
     columns = ("rank", "peak", "parameters", "gradients", "optimizer", "communication", "other")
     for column in columns:
@@ -120,7 +121,7 @@ def rank_table(probe: ProbeResult) -> Table:
         zip(probe.rank_peaks_bytes, probe.rank_breakdowns, strict=False)
     ):
         table.add_row(
-            str(rank),
+            f"{rank} (dp {rank // tp}, tp {rank % tp})" if tp > 1 else str(rank),
             format_bytes(peak),
             format_bytes(parts.parameters_bytes),
             format_bytes(parts.gradients_bytes),
@@ -129,6 +130,22 @@ def rank_table(probe: ProbeResult) -> Table:
             format_bytes(parts.activations_bytes),
         )
     return table
+
+
+def mesh_savings(profile: Profile, parts: MemoryBreakdown) -> str:
+    """What the mesh saved a rank: its parameters against the whole model's (fp32: 4 B a
+    parameter), and the split that accounts for it: ``dp·tp`` for the layers the plan
+    splits, ``dp`` for the rest."""
+    dp, tp = profile.parallel.mesh_shape(profile.world_size)
+    whole = profile.workload.parameter_count * 4
+    held = parts.parameters_bytes
+    share = f" (1/{whole / held:.1f})" if held else ""
+    return (
+        f"mesh      {dp} × {tp}: parameters {format_bytes(held)} a rank of "
+        f"{format_bytes(whole)} whole{share}; gradients and optimizer state shard alike: "
+        f"÷{dp * tp} for the layers the tp plan splits, ÷{dp} for the rest; the split "
+        f"layers' activations ÷{tp}"
+    )
 
 
 def block_table(probe: ProbeResult) -> Table | None:
@@ -235,7 +252,9 @@ def print_profile(
     console.print(probe_table(profile.probes, title=f"Probes ({profile.strategy} search)"))
     at_max = profile.probe_at(profile.max_micro_batch_size)
     if at_max is not None and at_max.rank_breakdowns:
-        console.print(rank_table(at_max))
+        console.print(rank_table(at_max, profile.parallel.tp if profile.parallel.has_mesh else 1))
+    if at_max is not None and at_max.breakdown is not None and profile.parallel.has_mesh:
+        console.print(mesh_savings(profile, at_max.breakdown), highlight=False)
     located = at_max or profile.oversize_probe
     blocks = block_table(located) if located is not None else None
     if blocks is not None:
