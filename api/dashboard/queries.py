@@ -102,6 +102,7 @@ class ProfileRow:
     parallel_mode: str = "none"
     variant: dict[str, Any] = field(default_factory=dict)
     seq_len: int | None = None
+    tp: int = 1  # the mesh's tensor-parallel degree (world_size / tp × tp); 1 without one
 
     @property
     def free_bytes(self) -> int | None:
@@ -135,8 +136,8 @@ def profile_status(
             "superseded",
             "superseded",
             "muted",
-            "a newer profile of this workload on this device, at this world size, is what "
-            "recommendations use",
+            "a newer profile of this workload on this device, at this world size and mesh "
+            "shape, is what recommendations use",
         )
     if max_micro_batch_size < 1:
         return Status(
@@ -200,15 +201,20 @@ def _superseded(
     profile: Any, *, among_one_process: bool = False, at_its_world_size: bool = False
 ) -> Any:
     """Whether a newer profile of the pair exists (of those at world size 1 only, with
-    ``among_one_process``; at the profile's own world size, as recommendations choose,
-    with ``at_its_world_size``)."""
+    ``among_one_process``; at the profile's own shape, its world size and tp, as
+    recommendations choose, with ``at_its_world_size``: a 2 × 2 mesh is not superseded by a
+    newer 4 × 1 run)."""
     newer = aliased(models.Profile)
     return exists().where(
         newer.workload_id == profile.workload_id,
         newer.device_id == profile.device_id,
         newer.received_at > profile.received_at,
         *([newer.world_size == 1] if among_one_process else []),
-        *([newer.world_size == profile.world_size] if at_its_world_size else []),
+        *(
+            [newer.world_size == profile.world_size, newer.tp == profile.tp]
+            if at_its_world_size
+            else []
+        ),
     )
 
 
@@ -284,6 +290,7 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
             _P.parallel_mode,
             _P.variant,
             _W.seq_len,
+            _P.tp,
         )
         .join(_W, _W.id == _P.workload_id)
         .join(_D, _D.id == _P.device_id)
@@ -315,6 +322,7 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
             parallel_mode=r[18],
             variant=dict(r[19] or {}),
             seq_len=r[20],
+            tp=r[21] or 1,
         )
         for r in session.execute(statement)
     ]
@@ -412,6 +420,7 @@ class NewestRun:
     world_size: int
     parallel_mode: str
     max_micro_batch_size: int
+    tp: int = 1
 
 
 @dataclass(frozen=True)
@@ -427,9 +436,9 @@ def question_choices(
     """The calculator's menus and the run it asks about where the question leaves a field
     out: the run of the newest profile of the workload and device asked (by key), else of
     that workload on any device, else on that device, else the newest profile's. So asking
-    about another workload asks at its own world size and parallel mode."""
+    about another workload asks at its own world size, parallel mode and mesh."""
     newest_first = (
-        select(_W.key, _D.key, _P.world_size, _P.parallel_mode, _P.max_micro_batch_size)
+        select(_W.key, _D.key, _P.world_size, _P.parallel_mode, _P.max_micro_batch_size, _P.tp)
         .join(_W, _W.id == _P.workload_id)
         .join(_D, _D.id == _P.device_id)
         .order_by(_P.received_at.desc(), _P.id.desc())
@@ -445,7 +454,7 @@ def question_choices(
     return QuestionChoices(
         workloads=workload_choices(session),
         devices=device_choices(session),
-        newest=NewestRun(*newest) if newest is not None else None,
+        newest=NewestRun(*newest[:5], tp=newest[5] or 1) if newest is not None else None,
     )
 
 
@@ -501,7 +510,9 @@ def profile_detail(session: Session, profile_id: int) -> ProfileDetail:
         .where(
             _P.workload_id == row.workload_id,
             _P.device_id == row.device_id,
-            _P.world_size == row.world_size,  # recommendations pick by world size too
+            # Recommendations pick by shape too: world size and tp.
+            _P.world_size == row.world_size,
+            _P.tp == row.tp,
         )
         .order_by(_P.received_at.desc(), _P.id.desc())
         .limit(1)

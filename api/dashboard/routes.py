@@ -184,8 +184,8 @@ async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess)
     """The question on landing: micro batch and accumulation for a global batch, answered
     by the recommendation route's own code. What the URL leaves out is the run of the
     newest profile of the workload asked (of all, when none is asked): the page's script
-    sends only the fields the reader set, so another workload brings its own world size
-    and parallel mode."""
+    sends only the fields the reader set, so another workload brings its own world size,
+    parallel mode and mesh (tp)."""
     params = request.query_params
 
     def read() -> tuple[queries.QuestionChoices, int]:
@@ -202,11 +202,15 @@ async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess)
         asked_world = params.get("world_size", "").strip()
         # A global batch the world size asked divides, when one is asked.
         world = int(asked_world) if asked_world.isdigit() and int(asked_world) > 0 else None
+        # The newest run's mesh, where the world size asked (or its own) is one: left
+        # blank (1) without one, so questions read as before meshes.
+        tp = newest.tp if newest.tp > 1 and (world or newest.world_size) % newest.tp == 0 else 1
         defaults = {
             "workload": newest.workload_key,
             "device": newest.device_key,
             "world_size": str(newest.world_size),
             "parallel": newest.parallel_mode,
+            "tp": str(tp) if tp > 1 else "",
             "global_batch_size": str(
                 calculator.default_global_batch(
                     newest.max_micro_batch_size, world or newest.world_size

@@ -1,11 +1,15 @@
-"""The workload page's M* against world size, per device and parallel mode.
+"""The workload page's M* against world size, per device, parallel mode and mesh.
 
 A workload's one-process, DDP and FSDP variants are separate workloads (the mode is part of
-the key) sharing a name and a model; the page gathers them. For each device and mode:
-the measured points (the newest profile at each world size), the estimate line where two
-or more world sizes were measured (``api.answers.recommendation.at_world_size``, the fit
-the recommendation endpoint answers unmeasured world sizes with), and each measured
-profile's per-rank breakdown at its M*.
+the key) sharing a name and a model; the page gathers them. A mesh's tensor-parallel degree
+(tp) is a shape, like the world size: runs at (dp, tp) = (4, 1) and (2, 2) share a workload
+and both have 4 ranks, so each (mode, tp) is a series of its own. For each device and
+series: the measured points (the newest profile at each world size and that tp), the
+estimate line where two or more shapes of the mode were measured
+(``api.answers.recommendation.at_world_size`` over every shape measured, the fit the
+recommendation endpoint answers unmeasured shapes with; world sizes it refuses, where it
+would extrapolate, are left undrawn), and each measured profile's per-rank breakdown at its
+M*.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from api.answers.recommendation import at_world_size
 from api.store.profiles import to_result
 from tuner.core.errors import BadInputError
 from tuner.core.results import MemoryBreakdown, Profile
+from tuner.core.worlds import WorldEstimate
 
 # The line runs to twice the largest world size measured, and at least this far.
 SMALLEST_RANGE = 8
+# A mesh's series, coloured apart from the mode's tp 1 (estimate_chart.js reads the names).
+TP_COLOURS = {2: "--chart-speed", 4: "--chart-oom", 8: "--chart-max"}
 
 
 @dataclass(frozen=True)
@@ -45,14 +52,26 @@ class WorldPoint:
 
 @dataclass(frozen=True)
 class ModeSeries:
-    """One parallel mode on one device: measured points and, from two world sizes on,
-    the estimate at every world size up to ``range_end``."""
+    """One parallel mode at one tp on one device: measured points and, from two shapes
+    on, the estimate at every world size up to ``range_end`` that is a multiple of tp and
+    that the fit answers without extrapolating."""
 
     mode: str
     points: list[WorldPoint]
     estimate: dict[int, int] = field(default_factory=dict)
     expected_error: float | None = None
     note: str = ""
+    tp: int = 1
+
+    @property
+    def key(self) -> str:
+        """``fsdp``, or ``fsdp-tp2`` for a mesh (series keys, as before meshes at tp 1)."""
+        return self.mode if self.tp == 1 else f"{self.mode}-tp{self.tp}"
+
+    @property
+    def label(self) -> str:
+        """``fsdp``, or ``fsdp × tp 2`` for a mesh."""
+        return self.mode if self.tp == 1 else f"{self.mode} × tp {self.tp}"
 
 
 @dataclass(frozen=True)
@@ -67,27 +86,33 @@ class DeviceWorlds:
         return max(SMALLEST_RANGE, 2 * largest)
 
     def chart(self) -> dict[str, Any]:
-        """What the chart draws: world sizes 1…range_end, and per mode a measured series
-        (gaps where nothing was measured) and an estimate series."""
+        """What the chart draws: world sizes 1…range_end, and per mode and tp a measured
+        series (gaps where nothing was measured) and an estimate series (gaps where the
+        fit is not asked or refuses)."""
         xs = list(range(1, self.range_end + 1))
         series: list[dict[str, Any]] = []
         for mode in self.series:
+            colour = {"colour": TP_COLOURS[mode.tp]} if mode.tp in TP_COLOURS else {}
             measured = {p.world_size: p.max_micro_batch_size for p in mode.points}
             series.append(
                 {
-                    "key": f"{mode.mode}-measured",
+                    "key": f"{mode.key}-measured",
                     "mode": mode.mode,
-                    "label": f"{mode.mode} measured",
+                    "tp": mode.tp,
+                    "label": f"{mode.label} measured",
                     "values": [measured.get(w) for w in xs],
+                    **colour,
                 }
             )
             if mode.estimate:
                 series.append(
                     {
-                        "key": f"{mode.mode}-estimated",
+                        "key": f"{mode.key}-estimated",
                         "mode": mode.mode,
-                        "label": f"{mode.mode} estimated",
+                        "tp": mode.tp,
+                        "label": f"{mode.label} estimated",
                         "values": [mode.estimate.get(w) for w in xs],
+                        **colour,
                     }
                 )
         return {"xs": xs, "series": series}
@@ -110,39 +135,73 @@ def world_sizes(session: Session, workload: models.Workload) -> list[DeviceWorld
     ).all()
     if all(row.parallel_mode == "none" and row.world_size == 1 for row in rows):
         return []
-    # Newest first, so the first profile seen at a (device, mode, world size) stays.
-    newest: dict[tuple[int, str], dict[int, models.Profile]] = {}
+    # Newest first, so the first profile seen at a (device, mode, tp, world size) stays.
+    newest: dict[tuple[int, str], dict[int, dict[int, models.Profile]]] = {}
     names: dict[int, str] = {}
     for row in rows:
         names[row.device_id] = row.device.name
-        newest.setdefault((row.device_id, row.parallel_mode), {}).setdefault(row.world_size, row)
+        by_tp = newest.setdefault((row.device_id, row.parallel_mode), {})
+        by_tp.setdefault(row.tp or 1, {}).setdefault(row.world_size, row)
     result = []
     for device_id in sorted(names, key=lambda d: (names[d], d)):
         series = [
-            _series(mode, by_world)
-            for (device, mode), by_world in sorted(newest.items(), key=lambda kv: kv[0][1])
+            one
+            for (device, mode), by_tp in sorted(newest.items(), key=lambda kv: kv[0][1])
             if device == device_id
+            for one in _mode_series(mode, by_tp)
         ]
         result.append(DeviceWorlds(device_id, names[device_id], series))
     return result
 
 
-def _series(mode: str, by_world: dict[int, models.Profile]) -> ModeSeries:
+def _mode_series(mode: str, by_tp: dict[int, dict[int, models.Profile]]) -> list[ModeSeries]:
+    """A series per tp of one mode on one device; each estimated from every shape the mode
+    measured there (the newest profile at each), as the recommendation endpoint fits them."""
+    shapes = [by_tp[tp][w] for tp in sorted(by_tp) for w in sorted(by_tp[tp])]
+    profiles: list[Profile] = [to_result(row) for row in shapes] if len(shapes) >= 2 else []
+    end = max(SMALLEST_RANGE, 2 * max(row.world_size for row in shapes))
+    return [_series(mode, tp, by_tp[tp], profiles, end) for tp in sorted(by_tp)]
+
+
+def _series(
+    mode: str, tp: int, by_world: dict[int, models.Profile], profiles: list[Profile], end: int
+) -> ModeSeries:
     points = [_point(by_world[w]) for w in sorted(by_world)]
-    if len(by_world) < 2:
-        return ModeSeries(mode, points, note="one world size measured: no estimate line")
-    profiles: list[Profile] = [to_result(by_world[w]) for w in sorted(by_world)]
-    end = max(SMALLEST_RANGE, 2 * max(by_world))
-    try:
-        estimate = {w: at_world_size(profiles, w) for w in range(1, end + 1)}
-    except BadInputError as exc:
-        return ModeSeries(mode, points, note=f"no estimate: {exc.message}")
-    error = next(iter(estimate.values())).fit.max_relative_error
+    if not profiles:
+        return ModeSeries(mode, points, note="one world size measured: no estimate line", tp=tp)
+    estimate: dict[int, WorldEstimate] = {}
+    refused: dict[int, str] = {}
+    for w in range(tp, end + 1, tp):  # dp × tp ranks: multiples of tp only
+        try:
+            estimate[w] = at_world_size(profiles, w, tp)
+        except BadInputError as exc:
+            refused[w] = exc.message
+    if not estimate:
+        return ModeSeries(mode, points, note=f"no estimate: {next(iter(refused.values()))}", tp=tp)
+    note = ""
+    if refused:
+        sizes = _runs(list(refused), tp)
+        note = f"not estimated at W = {sizes}: outside the shapes measured, it would extrapolate"
     return ModeSeries(
         mode,
         points,
         estimate={w: found.max_micro_batch_size for w, found in estimate.items()},
-        expected_error=error,
+        expected_error=next(iter(estimate.values())).fit.max_relative_error,
+        note=note,
+        tp=tp,
+    )
+
+
+def _runs(sizes: list[int], step: int) -> str:
+    """``9…16, 20`` for 9, 10, …, 16 and 20 at step 1: runs of three or more as ranges."""
+    runs: list[list[int]] = []
+    for size in sizes:
+        if runs and size == runs[-1][-1] + step:
+            runs[-1].append(size)
+        else:
+            runs.append([size])
+    return ", ".join(
+        f"{run[0]}…{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs
     )
 
 
