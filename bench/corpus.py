@@ -11,6 +11,12 @@ by ``tuner token create``:
 - ``seq-lens``: ``--seq-lens`` at three lengths, where the factory takes ``seq_len``:
   a profile per length.
 - ``ddp``, ``fsdp``: ``--world-size 2 --parallel ddp|fsdp``: two gloo ranks, an ``M*``.
+- ``mesh``, ``fake-world``: FSDP × tensor parallelism by the named Llama plan
+  (``--parallel fsdp --parallel-option tp_plan=llama --tp 2``): on two gloo ranks as
+  1 × 2, and one rank of a 32 × 2 mesh standing for it in one process
+  (``--world-size 64 --fake-world``). A model the plan cannot split is refused in one
+  line, and the cell is ``n.a.``; a model that is not a transformers one needs a plan of
+  its own.
 - ``explore``: ``--explore``, where the workload declares variants: one chosen variant.
 - ``json``: every document the ``--json`` commands above printed (each profile of
   ``--seq-lens``), sent as it is to ``POST /api/v1/profiles``: the README says the
@@ -53,7 +59,22 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PATHS = ("profile", "seq-lens", "ddp", "fsdp", "explore", "json", "upload", "recommend", "train")
+PATHS = (
+    "profile",
+    "seq-lens",
+    "ddp",
+    "fsdp",
+    "mesh",
+    "fake-world",
+    "explore",
+    "json",
+    "upload",
+    "recommend",
+    "train",
+)
+# What the named tensor-parallel plan says of a model it cannot split: the path does not
+# apply (a model with its own plan gives Workload(tp_plan=fn)).
+NO_LLAMA_BLOCK = "has no Llama-like decoder block"
 COMMAND_TIMEOUT_S = 600  # --timeout; a command slower than this is a failure (a hang)
 SECTION = "corpus"
 
@@ -294,6 +315,33 @@ def check_parallel(mode: str) -> Callable[[Service, Run], Cell]:
     return check
 
 
+def check_mesh(*, world_size: int, fake: bool) -> Callable[[Service, Run], Cell]:
+    """FSDP × tensor parallelism by the named Llama plan, as a (world/2) × 2 mesh: on real
+    ranks, or one rank of a larger world standing for it in one process."""
+
+    def check(service: Service, run: Run) -> Cell:
+        if not run.arch.target.startswith("tuner.hf:"):
+            return Cell("n.a.", "not a transformers model: a plan of its own is needed")
+        b = run.arch.global_batch_size
+        args = ["profile", *run.profile_args(), "--world-size", str(world_size), "--tp", "2",
+                "--parallel", "fsdp", "--parallel-option", "tp_plan=llama",
+                *(["--fake-world"] if fake else []), "--global-batch-size", str(b * world_size),
+                "--json"]  # fmt: skip
+        code, out, err, shown = tuner(service, args)
+        if code != 0 and NO_LLAMA_BLOCK in err:
+            return Cell("n.a.", "no Llama-like block (refused in one line)")
+        if code != 0:
+            raise Failure(shown, f"exit {code}: {last_line(err or out)}")
+        document: dict[str, Any] = json.loads(out)
+        run.printed["--fake-world" if fake else "--tp 2"] = document
+        found = document.get("max_micro_batch_size")
+        if not found or document.get("settings", {}).get("simulated_ranks") is not fake:
+            raise Failure(shown, f"M* {found}, simulated {document.get('settings')}")
+        return Cell("pass", f"M* {found}, {len(document['probes'])} probes")
+
+    return check
+
+
 def check_explore(service: Service, run: Run) -> Cell:
     if not run.arch.variants:
         return Cell("n.a.", "declares no variants")
@@ -372,6 +420,8 @@ CHECKS: dict[str, Callable[[Service, Run], Cell]] = {
     "seq-lens": check_seq_lens,
     "ddp": check_parallel("ddp"),
     "fsdp": check_parallel("fsdp"),
+    "mesh": check_mesh(world_size=2, fake=False),
+    "fake-world": check_mesh(world_size=64, fake=True),
     "explore": check_explore,
     "json": check_json,
     "upload": check_upload,
