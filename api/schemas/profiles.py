@@ -93,6 +93,7 @@ class ProbeSettingsCreate(results.ProbeSettings):
     warmup_steps: Int32 = 2
     measure_steps: PositiveInt32 = 1
     microbatches_per_step: PositiveInt32 = 2
+    simulated_ranks: StrictBool = False
 
 
 class ParallelCreate(Parallel):
@@ -103,6 +104,8 @@ class ParallelCreate(Parallel):
     static_graph: StrictBool = False
     set_to_none: StrictBool | None = None
     reshard_after_forward: StrictBool = True
+    tp: PositiveInt32 = 1
+    sequence_parallel: StrictBool = False
 
 
 class ProfileCreate(results.Profile):

@@ -18,9 +18,13 @@ import torch
 from tests.helpers import run_tuner, subprocess_env
 from tuner.core.errors import BadInputError, WorkloadError
 from tuner.core.parallel import Parallel, parse_parallel
-from tuner.core.results import ProbeSettings, Profile
+from tuner.core.results import ProbeResult, ProbeSettings, Profile
 from tuner.engine.backends import make_backend
-from tuner.engine.fake_world import fake_process_group, profile_fake_world
+from tuner.engine.fake_world import (
+    fake_process_group,
+    profile_fake_world,
+    with_one_collective_in_flight,
+)
 from tuner.engine.launch import RankGroup
 from tuner.engine.probe import Prober
 from tuner.engine.rank import RankRequest
@@ -35,13 +39,6 @@ LLAMA_CONFIG = Path(__file__).parents[1] / "data" / "tiny_llama.json"
 LLAMA_OPTIONS = {"config": str(LLAMA_CONFIG), "seq_len": 16}
 SIZES = (1, 6)
 PROBE_TIMEOUT_S = 120.0
-
-
-def gloo_holds_bytes(size: int) -> int:
-    """The most a real gloo rank held beyond the fake world's count (timing-dependent): one
-    collective's buffer, a block's gathered weights in MLP_OPTIONS (32 × 64 fp32 = 8 KiB)
-    or, under sequence parallelism, one all-gathered activation (size × 16 × 64 fp32)."""
-    return max(8 * 1024, size * 16 * 64 * 4)
 
 
 @dataclasses.dataclass
@@ -84,7 +81,9 @@ def _real_peaks(case: Case) -> dict[int, list[int]]:
     return peaks
 
 
-def _fake_peaks(case: Case) -> dict[int, int]:
+def _fake_probes(case: Case) -> dict[int, ProbeResult]:
+    """Each size probed in a fake world as a fake-world profile probes it (one collective
+    counted in flight)."""
     workload = load_workload(case.target, case.options)
     workload.parallel = case.parallel
     backend = make_backend("cpu", memory_limit_bytes=LIMIT)
@@ -93,7 +92,12 @@ def _fake_peaks(case: Case) -> dict[int, int]:
         backend.session(),
         Prober(workload, backend) as prober,
     ):
-        return {size: prober(size).peak_allocated_bytes or 0 for size in SIZES}
+        probe = with_one_collective_in_flight(prober)
+        return {size: probe(size) for size in SIZES}
+
+
+def _fake_peaks(case: Case) -> dict[int, int]:
+    return {size: probe.peak_bytes or 0 for size, probe in _fake_probes(case).items()}
 
 
 def _mesh(tp: int, plan: str = "workload", **options: object) -> Parallel:
@@ -118,14 +122,16 @@ def _mesh(tp: int, plan: str = "workload", **options: object) -> Parallel:
 )
 def test_a_fake_world_measures_the_peak_the_real_ranks_measure(case: Case) -> None:
     real = _real_peaks(case)
-    fake = _fake_peaks(case)
+    probes = _fake_probes(case)
+    fake = {size: probe.peak_bytes or 0 for size, probe in probes.items()}
     for size in SIZES:
         # The same step on the same shards: the fake world's peak is the real ranks' to
-        # within what gloo's work objects keep alive a moment longer (a collective's small
-        # buffers until it completes, timing-dependent: measured 0 to 5 KiB on the MLP, one
-        # all-gathered activation under sequence parallelism), never more than a real rank's.
+        # the byte, or below it by what a real collective keeps alive until it completes
+        # (timing-dependent: 0 at most sizes, up to one all-gathered block or activation),
+        # which the fake world counts in its footprint as one collective in flight.
+        in_flight = probes[size].collective_copies_bytes
         assert fake[size] <= min(real[size]), (size, real[size], fake[size])
-        assert max(real[size]) - fake[size] <= gloo_holds_bytes(size), (size, real[size], fake)
+        assert max(real[size]) - fake[size] <= in_flight, (size, real[size], fake, in_flight)
     # The mesh shrank what each rank holds: the peak grows with the batch, and not by a
     # whole model's activations (the plan splits the MLP's hidden activations).
     assert fake[SIZES[1]] > fake[SIZES[0]]
