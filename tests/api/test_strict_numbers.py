@@ -91,6 +91,8 @@ BODIES: dict[str, dict[str, Any]] = {
             "size_cap": 64,
             "warmup_steps": 2,
             "world_size": 1,
+            "parallel": "fsdp",
+            "tp": 1,  # the mesh's degree reaches the worker's command line: strict too
         },
     },
     "/api/v1/workers": {
