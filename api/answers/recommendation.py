@@ -37,6 +37,7 @@ from tuner.core import lengths as lengths_fit
 from tuner.core import plan, results, worlds
 from tuner.core.errors import BadInputError, NotFoundError, NothingFitsError
 from tuner.core.parallel import PARALLEL_MODES, ParallelMode
+from tuner.core.shape import MeshShape
 
 
 def profile_command(device: DeviceRow, workload: WorkloadRow, *flags: str) -> str:
@@ -191,10 +192,9 @@ class _Answering:
             headroom=fitted.headroom,
             size_cap=fitted.size_cap,
             global_batch_size=query.global_batch_size,
-            world_size=query.world_size,
+            mesh=MeshShape(query.world_size, query.tp),
             policy=query.policy,
             oom_limit=self._below(limit),
-            tp=query.tp,
         )
         source = Source(fitted.profile_id, fitted.device_key, fitted.created_at, fitted.headroom)
         return self._public(chosen, workload, source, limit)
@@ -367,10 +367,9 @@ class _Answering:
             probes=(),
             capacity_bytes=device.capacity_bytes,
             global_batch_size=query.global_batch_size,
-            world_size=query.world_size,
+            mesh=MeshShape(query.world_size, query.tp),
             policy=query.policy,
             oom_limit=self._below(limit),
-            tp=query.tp,
         )
         # The estimate's peak is for its own size M*; a smaller choice (an OOM limit, the
         # batch) peaks no higher, so that figure bounds it, as a measured plan's does.
@@ -397,10 +396,9 @@ class _Answering:
             probes=probes,
             capacity_bytes=self.device.capacity_bytes,
             global_batch_size=self.query.global_batch_size,
-            world_size=self.query.world_size,
+            mesh=MeshShape(self.query.world_size, self.query.tp),
             policy=self.query.policy,
             oom_limit=self._below(limit),
-            tp=self.query.tp,
         )
         source = Source(profile_id, self.device.key, created_at, headroom, world_size, parallel, tp)
         return self._public(chosen, workload, source, limit)

@@ -10,6 +10,7 @@ from api.schemas.common import Reference, RequestModel
 from tuner.core import plan
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import ParallelMode
+from tuner.core.shape import MeshShape
 
 # One step's split lists every micro batch, so the batch bounds the size of the answer.
 MAX_GLOBAL_BATCH_SIZE = 2**20
@@ -77,7 +78,9 @@ class RecommendationQuery(RequestModel):
         global_batch_size = info.data.get("global_batch_size")
         if global_batch_size is not None:
             try:
-                plan.per_rank_batch(global_batch_size, world_size, info.data.get("tp", 1))
+                plan.per_rank_batch(
+                    global_batch_size, MeshShape(world_size, info.data.get("tp", 1))
+                )
             except BadInputError as exc:
                 raise ValueError(exc.message) from None
         return world_size

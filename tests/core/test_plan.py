@@ -17,6 +17,7 @@ from tuner.core.plan import (
     split_batch,
 )
 from tuner.core.results import ProbeResult
+from tuner.core.shape import MeshShape
 
 
 def probe(
@@ -51,7 +52,7 @@ def test_split_batch_lists_full_micro_batches_then_the_remainder(
 
 def test_max_policy_even_split_keeps_the_global_batch() -> None:
     plan = recommend(
-        max_micro_batch_size=32, probes=[], global_batch_size=256, world_size=2, policy="max"
+        max_micro_batch_size=32, probes=[], global_batch_size=256, mesh=MeshShape(2), policy="max"
     )
     assert (plan.micro_batch_size, plan.grad_accum, plan.split) == (32, 4, [32] * 4)
     assert plan.per_rank_batch_size == 128
@@ -60,7 +61,7 @@ def test_max_policy_even_split_keeps_the_global_batch() -> None:
 
 def test_max_policy_uneven_split_sums_to_the_per_rank_batch() -> None:
     plan = recommend(
-        max_micro_batch_size=30, probes=[], global_batch_size=200, world_size=2, policy="max"
+        max_micro_batch_size=30, probes=[], global_batch_size=200, mesh=MeshShape(2), policy="max"
     )
     assert plan.split == [30, 30, 30, 10]
     assert plan.grad_accum == 4
@@ -68,20 +69,20 @@ def test_max_policy_uneven_split_sums_to_the_per_rank_batch() -> None:
 
 
 def test_m_star_larger_than_per_rank_batch_gives_one_step_of_the_whole_batch() -> None:
-    plan = recommend(max_micro_batch_size=4096, probes=[], global_batch_size=96, world_size=4)
+    plan = recommend(max_micro_batch_size=4096, probes=[], global_batch_size=96, mesh=MeshShape(4))
     assert (plan.micro_batch_size, plan.grad_accum, plan.split) == (24, 1, [24])
     assert plan.max_micro_batch_size == 4096
 
 
 def test_batch_not_divisible_by_world_size_is_refused() -> None:
     with pytest.raises(BadInputError, match="not divisible by world size 3"):
-        recommend(max_micro_batch_size=8, probes=[], global_batch_size=100, world_size=3)
+        recommend(max_micro_batch_size=8, probes=[], global_batch_size=100, mesh=MeshShape(3))
 
 
 @pytest.mark.parametrize(("batch", "world"), [(0, 1), (-8, 1), (8, 0), (8, -2)])
 def test_non_positive_batch_or_world_size_is_refused(batch: int, world: int) -> None:
     with pytest.raises(BadInputError, match="positive integer"):
-        per_rank_batch(batch, world)
+        per_rank_batch(batch, MeshShape(world))
 
 
 def test_unknown_policy_is_refused_and_lists_the_known_ones() -> None:
@@ -187,7 +188,7 @@ def test_describe_single_step_is_singular() -> None:
 
 def test_describe_names_ranks_and_the_uneven_split() -> None:
     plan = recommend(
-        max_micro_batch_size=31, probes=[], global_batch_size=400, world_size=4, policy="max"
+        max_micro_batch_size=31, probes=[], global_batch_size=400, mesh=MeshShape(4), policy="max"
     )
     text = plan.describe()
     for part in (
@@ -276,7 +277,7 @@ def test_split_property_sums_to_per_rank_batch_and_respects_m_star(
         max_micro_batch_size=m_star,
         probes=[],
         global_batch_size=per_rank * world,
-        world_size=world,
+        mesh=MeshShape(world),
         policy="max",
     )
     split = plan.split
@@ -300,7 +301,10 @@ def test_balanced_property_fewest_micro_batches_within_one_of_each_other(
     per_rank: int, world: int, m_star: int
 ) -> None:
     plan = recommend(
-        max_micro_batch_size=m_star, probes=[], global_batch_size=per_rank * world, world_size=world
+        max_micro_batch_size=m_star,
+        probes=[],
+        global_batch_size=per_rank * world,
+        mesh=MeshShape(world),
     )
     split = plan.split
     fewest = -(-per_rank // m_star)  # k = ⌈b / M*⌉

@@ -266,6 +266,8 @@ def test_the_command_line_says_a_fake_worlds_numerics_are_not_trained() -> None:
     assert "in flight +" in out
     # The global batch is split over the 64 data-parallel groups, not 512 ranks.
     assert "global batch 4096" in out
+    # The sentence names the groups, as `tuner recommend` does, not 64 ranks.
+    assert "× 64 data-parallel groups of 8 ranks = global batch 4096" in out
     as_json = run_tuner(
         "profile", MLP, "--world-size", "8", "--tp", "2", "--fake-world",
         "--memory-limit", "16MiB", "--device", "cpu", "--json",
@@ -277,7 +279,7 @@ def test_the_command_line_says_a_fake_worlds_numerics_are_not_trained() -> None:
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--world-size", "6", "--tp", "4"], "not a multiple of --tp 4"),
+        (["--world-size", "6", "--tp", "4"], "world size 6 is not a multiple of tp 4"),
         (["--world-size", "4", "--tp", "2", "--parallel", "ddp"], "--tp needs --parallel fsdp"),
         (["--world-size", "4", "--fake-world", "--seq-lens", "4,8"], "one shape at a time"),
         (

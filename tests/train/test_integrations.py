@@ -9,6 +9,7 @@ import pytest
 from tuner.core.errors import BadInputError, NothingFitsError
 from tuner.core.plan import largest_equal_micro_batch, recommend
 from tuner.core.results import ProbeResult
+from tuner.core.shape import MeshShape
 from tuner.train.integrations import (
     EqualMicroBatchWarning,
     apply_to_training_arguments,
@@ -25,6 +26,7 @@ def _recommendation(
     world: int = 1,
     policy: str = "balanced",
     speeds: dict[int, float] | None = None,
+    tp: int = 1,
 ):
     probes = [
         ProbeResult(micro_batch_size=size, fits=True, samples_per_second=speed)
@@ -34,7 +36,7 @@ def _recommendation(
         max_micro_batch_size=found,
         probes=probes,
         global_batch_size=batch,
-        world_size=world,
+        mesh=MeshShape(world, tp),
         policy=policy,
     )
 
@@ -139,6 +141,16 @@ def test_equal_micro_batches_that_cost_throughput_warn_with_the_nearest_good_bat
     # 36 = 4 × 9 and 40 = 4 × 10 run equal micro batches at the balanced speed.
     assert "global batch 36 or 40 would not" in message
     assert "slower than 10 + 3×9" in message
+
+
+def test_the_nearest_good_batches_on_a_mesh_count_data_parallel_groups() -> None:
+    # 4 ranks as 2 × 2: B = 26 is 13 per data-parallel group; 12 and 14 per group run
+    # equal micro batches at the balanced speed, so the global batches are 24 and 28.
+    recommendation = _recommendation(found=10, batch=26, world=4, tp=2, speeds=SPEEDS)
+    assert recommendation.per_rank_batch_size == 13
+    with pytest.warns(EqualMicroBatchWarning) as caught:
+        lightning_arguments(recommendation, world_size=4)
+    assert "global batch 24 or 28 would not" in str(caught[0].message)
 
 
 def test_equal_micro_batches_at_full_speed_do_not_warn() -> None:

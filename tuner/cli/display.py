@@ -13,6 +13,7 @@ from rich.table import Table
 from tuner.core.parallel import SIMULATED_RANKS_NOTE, mesh_text
 from tuner.core.plan import Recommendation
 from tuner.core.results import MemoryBreakdown, ProbeResult, Profile
+from tuner.core.shape import ONE_PROCESS, MeshShape
 from tuner.core.units import format_bytes
 
 if TYPE_CHECKING:
@@ -91,19 +92,19 @@ class LiveProgress:
         return Group(*parts)
 
 
-def ranks_line(profile: Profile, world_size: int = 1) -> str:
+def ranks_line(profile: Profile, mesh: MeshShape = ONE_PROCESS) -> str:
     """Where the probes ran: W ranks under DDP/FSDP, or one process (and what that means
     when the plan is for more than one rank)."""
     if profile.parallel.distributed:
-        mesh = mesh_text(profile.parallel, profile.world_size)
-        shape = f" as a {mesh}" if mesh else ""
+        measured = mesh_text(profile.parallel, profile.world_size)
+        shape = f" as a {measured}" if measured else ""
         where = f"measured on {profile.world_size} ranks{shape}, {profile.parallel.describe()}"
         if profile.settings.simulated_ranks:
             where += f"; {SIMULATED_RANKS_NOTE}"
         return where
-    if world_size > 1:
+    if mesh.world_size > 1:
         return (
-            f"measured in one process; for {world_size} ranks the plan only divides the "
+            f"measured in one process; for {mesh.world_size} ranks the plan only divides the "
             "batch (DDP's gradient buckets or FSDP's shards are not in it: use --parallel "
             "ddp|fsdp to measure them)"
         )
@@ -245,7 +246,7 @@ def print_profile(
     profile: Profile,
     recommendation: Recommendation | None,
     *,
-    world_size: int = 1,
+    mesh: MeshShape = ONE_PROCESS,
     advice: list[str] | None = None,
 ) -> None:
     device = profile.device
@@ -262,7 +263,7 @@ def print_profile(
     console.print(
         f"workload  {profile.workload.name} ({profile.workload_key})\n"
         f"device    {device.kind} {device.name} ({profile.device_key})\n"
-        f"ranks     {ranks_line(profile, world_size)}\n"
+        f"ranks     {ranks_line(profile, mesh)}\n"
         f"memory    capacity {format_bytes(device.capacity_bytes)}, "
         f"budget {format_bytes(profile.budget_bytes)} ({profile.headroom:.0%} headroom)",
         highlight=False,

@@ -46,6 +46,7 @@ from tuner.core import plan
 from tuner.core.errors import BadInputError, ServiceUnavailableError, TunerError
 from tuner.core.reports import ProfileReport
 from tuner.core.results import Profile
+from tuner.core.shape import MeshShape
 
 FINISHED = ("succeeded", "failed")
 
@@ -554,8 +555,9 @@ def _printed_profile(document: Mapping[str, Any]) -> Profile:
 
 def _fallback_answer(fallback: Fallback, question: Question) -> OfflineRecommendation:
     """The caller's fallback as an answer to ``question``, checked against it."""
-    tp = question.tp or 1
-    per_rank = plan.per_rank_batch(question.global_batch_size, question.world_size, tp)
+    per_rank = plan.per_rank_batch(
+        question.global_batch_size, MeshShape(question.world_size, question.tp or 1)
+    )
     if question.policy not in plan.POLICIES:
         raise BadInputError(
             f"unknown policy {question.policy!r}: use one of {', '.join(plan.POLICIES)}"

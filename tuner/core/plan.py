@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.core.errors import BadInputError, NothingFitsError
 from tuner.core.results import AffineFit, ProbeResult
+from tuner.core.shape import ONE_PROCESS, MeshShape
 
 Policy = Literal["balanced", "max", "even", "throughput"]
 POLICIES: tuple[str, ...] = get_args(Policy)
@@ -58,11 +59,14 @@ class Recommendation(BaseModel):
     # Tensor-parallel ranks of the run's mesh (``world_size / tp × tp``); 1 without one.
     tp: int = 1
 
+    @property
+    def mesh(self) -> MeshShape:
+        """The run's ranks as ``dp × tp``."""
+        return MeshShape(self.world_size, self.tp)
+
     def describe(self) -> str:
         """One sentence a person reads: the settings and how a step splits."""
-        ranks = f" × {self.world_size} ranks" if self.world_size > 1 else ""
-        if self.tp > 1:
-            ranks = f" × {self.world_size // self.tp} data-parallel groups of {self.tp} ranks"
+        ranks = self.mesh.ranks_words()
         steps = f"{self.grad_accum} accumulation step{'s' if self.grad_accum != 1 else ''}"
         if len(set(self.split)) == 1:
             return (
@@ -119,42 +123,10 @@ def largest_equal_micro_batch(per_rank_batch_size: int, max_micro_batch_size: in
     raise AssertionError("1 divides every batch size")
 
 
-def per_rank_batch(global_batch_size: int, world_size: int, tp: int = 1) -> int:
+def per_rank_batch(global_batch_size: int, mesh: MeshShape = ONE_PROCESS) -> int:
     """``B / dp`` (``dp = W / tp``; ``B / W`` without a mesh), refusing values that cannot
     keep the global batch exact."""
-    if global_batch_size < 1:
-        raise BadInputError(
-            f"global batch size must be a positive integer, got {global_batch_size}"
-        )
-    if world_size < 1:
-        raise BadInputError(f"world size must be a positive integer, got {world_size}")
-    if tp != 1:
-        return _per_group_batch(global_batch_size, world_size, tp)
-    if global_batch_size % world_size:
-        raise BadInputError(
-            f"global batch size {global_batch_size} is not divisible by world size {world_size}: "
-            "choose a global batch that is a multiple of the number of ranks"
-        )
-    return global_batch_size // world_size
-
-
-def _per_group_batch(global_batch_size: int, world_size: int, tp: int) -> int:
-    """``B / dp`` on a mesh of ``dp × tp`` ranks."""
-    if tp < 1:
-        raise BadInputError(f"tp must be a positive integer, got {tp}")
-    if world_size % tp:
-        raise BadInputError(
-            f"world size {world_size} is not a multiple of tp {tp}: a mesh is dp × tp ranks, "
-            "so give a world size that tp divides (or the tp that divides it)"
-        )
-    dp = world_size // tp
-    if global_batch_size % dp:
-        raise BadInputError(
-            f"global batch size {global_batch_size} is not divisible by the {dp} data-parallel "
-            f"groups of a {dp} × {tp} mesh: choose a global batch that is a multiple of "
-            "world size / tp"
-        )
-    return global_batch_size // dp
+    return mesh.per_group_batch(global_batch_size)
 
 
 def recommend(
@@ -162,11 +134,10 @@ def recommend(
     max_micro_batch_size: int,
     probes: Sequence[ProbeResult],
     global_batch_size: int,
-    world_size: int = 1,
+    mesh: MeshShape = ONE_PROCESS,
     policy: str = DEFAULT_POLICY,
     basis: Basis = "measured",
     capacity_bytes: int | None = None,
-    tp: int = 1,
 ) -> Recommendation:
     """Choose the micro batch and accumulation steps for ``B`` samples over ``W`` ranks.
 
@@ -182,7 +153,7 @@ def recommend(
     """
     if policy not in POLICIES:
         raise BadInputError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
-    per_rank = per_rank_batch(global_batch_size, world_size, tp)
+    per_rank = per_rank_batch(global_batch_size, mesh)
     if max_micro_batch_size < 1:
         raise NothingFitsError(
             "no micro batch size fits on this device, so no recommendation can be made"
@@ -198,7 +169,7 @@ def recommend(
         grad_accum=len(split),
         split=split,
         global_batch_size=global_batch_size,
-        world_size=world_size,
+        world_size=mesh.world_size,
         per_rank_batch_size=per_rank,
         policy=policy,  # type: ignore[arg-type]
         max_micro_batch_size=max_micro_batch_size,
@@ -212,7 +183,7 @@ def recommend(
         ),
         reason=reason,
         measured_samples_per_second={m: v for m, v in speeds.items() if m <= max_micro_batch_size},
-        tp=tp,
+        tp=mesh.tp,
     )
 
 
@@ -296,10 +267,9 @@ def recommend_measured(
     probes: Sequence[ProbeResult],
     capacity_bytes: int | None = None,
     global_batch_size: int,
-    world_size: int = 1,
+    mesh: MeshShape = ONE_PROCESS,
     policy: str = DEFAULT_POLICY,
     oom_limit: int | None = None,
-    tp: int = 1,
 ) -> Recommendation:
     """The recommendation from a profile of this very device (its ``M*`` and probes), kept
     below a micro batch that ran out of memory in training."""
@@ -310,10 +280,9 @@ def recommend_measured(
         max_micro_batch_size=largest,
         probes=probes,
         global_batch_size=global_batch_size,
-        world_size=world_size,
+        mesh=mesh,
         policy=policy,
         capacity_bytes=capacity_bytes,
-        tp=tp,
     )
 
 
@@ -324,10 +293,9 @@ def recommend_estimated(
     headroom: float,
     size_cap: int | None = None,
     global_batch_size: int,
-    world_size: int = 1,
+    mesh: MeshShape = ONE_PROCESS,
     policy: str = DEFAULT_POLICY,
     oom_limit: int | None = None,
-    tp: int = 1,
 ) -> Recommendation:
     """The recommendation for a device never profiled, from another device's fit.
 
@@ -342,10 +310,9 @@ def recommend_estimated(
         max_micro_batch_size=largest,
         probes=(),
         global_batch_size=global_batch_size,
-        world_size=world_size,
+        mesh=mesh,
         policy=policy,
         basis="estimated",
-        tp=tp,
     )
     peak = round(fit.predict(chosen.micro_batch_size))
     return chosen.model_copy(

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from tuner.core.errors import BadInputError, WorkloadError
 from tuner.core.plan import Recommendation, recommend
 from tuner.core.results import Profile, VariantValue
+from tuner.core.shape import MeshShape
 from tuner.engine.backends import Backend
 from tuner.engine.probe import Prober
 from tuner.engine.workload import Workload, load_workload, loaded_values, variant_options
@@ -142,7 +143,7 @@ def _plan(
         max_micro_batch_size=profile.max_micro_batch_size,
         probes=profile.probes,
         global_batch_size=global_batch_size,
-        world_size=world_size,
+        mesh=MeshShape(world_size, profile.parallel.tp),
         capacity_bytes=profile.device.capacity_bytes,
     )
 

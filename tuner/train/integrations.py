@@ -146,7 +146,8 @@ def _warn_if_slower(
     equal = samples_per_second([micro], speeds)
     if equal >= (1 - EVEN_THROUGHPUT_TOLERANCE) * reference:
         return
-    world, per_rank = recommendation.world_size, recommendation.per_rank_batch_size
+    # A global batch is split over the data-parallel groups, not over every rank.
+    groups, per_rank = recommendation.mesh.dp, recommendation.per_rank_batch_size
     m_star = recommendation.max_micro_batch_size
     reach = max(1, int(per_rank * NEAREST_SEARCH_FRACTION))
     lower = next(
@@ -165,7 +166,7 @@ def _warn_if_slower(
         ),
         None,
     )
-    nearest = [str(b * world) for b in (lower, higher) if b is not None]
+    nearest = [str(b * groups) for b in (lower, higher) if b is not None]
     hint = (
         f"global batch {' or '.join(nearest)} would not"
         if nearest

@@ -44,6 +44,7 @@ from tuner.core.errors import (
     TunerError,
 )
 from tuner.core.results import Profile
+from tuner.core.shape import MeshShape
 from tuner.engine.backends import Backend, make_backend
 from tuner.engine.fingerprint import device_key, workload_key
 from tuner.engine.outcome import DEFAULT_HEADROOM, DEFAULT_SIZE_CAP
@@ -314,8 +315,7 @@ class _Planner:
             probes=profile.probes,
             capacity_bytes=profile.device.capacity_bytes,
             global_batch_size=self.global_batch_size,
-            world_size=self.world_size,
-            tp=self.workload.parallel.tp,
+            mesh=MeshShape(self.world_size, self.workload.parallel.tp),
             policy=self.policy,
         )
         return OfflineRecommendation(

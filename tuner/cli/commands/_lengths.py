@@ -17,6 +17,7 @@ from rich.table import Table
 from tuner.core.errors import BadInputError
 from tuner.core.lengths import EXTRAPOLATION, SHORTEST_FRACTION, LengthFit, fit_length_profiles
 from tuner.core.reports import LengthsReport, ProfileReport
+from tuner.core.shape import MeshShape
 from tuner.core.units import format_bytes
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ class Lengths:
                 max_micro_batch_size=p.max_micro_batch_size,
                 probes=p.probes,
                 global_batch_size=args.global_batch_size,
-                world_size=args.world_size,
+                mesh=MeshShape(args.world_size, args.tp or 1),
             )
             if p.max_micro_batch_size and args.global_batch_size is not None
             else None

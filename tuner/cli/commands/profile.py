@@ -21,6 +21,7 @@ from tuner.cli.commands._args import (
 from tuner.cli.commands._lengths import Lengths, check_combinations, seq_lens
 from tuner.core.errors import BadInputError, TunerError
 from tuner.core.reports import ProfileReport, VariantSummary
+from tuner.core.shape import MeshShape
 
 if TYPE_CHECKING:
     from tuner.client import TunerClient
@@ -185,7 +186,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     check_mesh_arguments(args)
     if args.global_batch_size is not None:
         # Refused before importing torch, which alone takes a second or two.
-        per_rank_batch(args.global_batch_size, data_parallel_size(args))
+        per_rank_batch(args.global_batch_size, mesh_of(args))
     if args.seq_lens is not None:
         check_combinations(args)
 
@@ -221,12 +222,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
 
 def check_mesh_arguments(args: argparse.Namespace) -> None:
     """--tp and --fake-world: what they need and do not combine with, refused before loading."""
-    tp = args.tp or 1
-    if args.world_size % tp:
-        raise BadInputError(
-            f"--world-size {args.world_size} is not a multiple of --tp {tp}: the ranks form a "
-            "(world/tp) × tp mesh"
-        )
+    mesh_of(args)  # refuses a world that is not dp × tp
     if args.tp is not None and args.parallel not in (None, "fsdp"):
         raise BadInputError(
             f"--tp needs --parallel fsdp (tensor parallelism × FSDP), not {args.parallel}"
@@ -242,10 +238,9 @@ def check_mesh_arguments(args: argparse.Namespace) -> None:
         )
 
 
-def data_parallel_size(args: argparse.Namespace) -> int:
-    """The ranks that see different samples: ``--world-size / --tp``; the plan divides the
-    global batch by it."""
-    return int(args.world_size // (args.tp or 1))
+def mesh_of(args: argparse.Namespace) -> MeshShape:
+    """The ranks ``--world-size`` and ``--tp`` name, as ``dp × tp``."""
+    return MeshShape(args.world_size, args.tp or 1)
 
 
 def _upload(
@@ -347,7 +342,7 @@ class OneWorkload:
                 max_micro_batch_size=profile.max_micro_batch_size,
                 probes=profile.probes,
                 global_batch_size=args.global_batch_size,
-                world_size=data_parallel_size(args),
+                mesh=mesh_of(args),
             )
         # The JSON (and the upload) is the chosen variant's profile; the text shows the
         # loaded workload's probes and then the variants table, which names the chosen one.
@@ -382,9 +377,7 @@ class OneWorkload:
         out = Console()
         # Exploring, the recommendation is the chosen variant's: the table says which.
         plan = None if exploration is not None else self.recommendation
-        print_profile(
-            out, self.shown, plan, world_size=data_parallel_size(self.args), advice=self.advice
-        )
+        print_profile(out, self.shown, plan, mesh=mesh_of(self.args), advice=self.advice)
         if exploration is not None:
             print_exploration(out, exploration)
 
