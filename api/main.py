@@ -53,18 +53,15 @@ def create_app(settings: ServiceSettings | None = None, *, prepare: bool = True)
     )
     app.state.settings = settings
     app.state.db = database
-    # Answers and token checks kept per store generation (see api.cache).
+    # Token checks kept per store generation (see api.cache).
     app.state.reader = DirectReader(database.engine)
     app.state.principals = GenerationCache()
     app.state.write_limiter = WriteLimiter(settings.write_rate_limit)
     app.state.principal_checks = SingleFlight()
-    app.state.recommendations = GenerationCache()
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(recommendation.CachedAnswers, path=f"{API_PREFIX}/recommendation")
     if settings.access_log:
         app.add_middleware(AccessLog)  # outermost: it times and sees every answer
-    # Routes are matched in order: the question every training job asks comes first.
     app.include_router(recommendation.router, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(jobs.router, prefix=API_PREFIX)

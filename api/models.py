@@ -79,7 +79,7 @@ class Device(Base):
     capacity_bytes: Mapped[int] = mapped_column(BigInteger)
     details: Mapped[dict[str, Any]] = mapped_column(default=dict)
     # The token that registered it (migration 0010): a name belongs to the registrant of
-    # its first row, and resolves among that registrant's rows only (api.store.names).
+    # its first row, and resolves among that registrant's rows only (tuner.answer.identity).
     # None for rows stored before, and for stores without tokens.
     registered_by: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -104,7 +104,7 @@ class Workload(Base):
     seq_len: Mapped[int | None] = mapped_column(Integer)
     length_family: Mapped[str | None] = mapped_column(String(64), index=True)
     # The token that registered it (migration 0010): a name belongs to the registrant of
-    # its first row, and resolves among that registrant's rows only (api.store.names).
+    # its first row, and resolves among that registrant's rows only (tuner.answer.identity).
     # None for rows stored before, and for stores without tokens.
     registered_by: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -319,6 +319,9 @@ class OomReport(Base):
     micro_batch_size: Mapped[int] = mapped_column(Integer)
     # The size the run went on with: answers stay at or below it.
     settled_micro_batch_size: Mapped[int | None] = mapped_column(Integer)
+    # The profile the plan that failed came from, when the reporter said (migration 0014).
+    # A plain column (SQLite cannot add a foreign key in place); checked when stored.
+    profile_id: Mapped[int | None] = mapped_column(Integer)
     # Chosen by the reporter for one event: a retry or another rank's copy counts once.
     # Keys belong to the token that sent them (None: stored before keys were scoped).
     token_id: Mapped[int | None] = mapped_column(Integer)

@@ -10,7 +10,6 @@ statuses); the embedded store adds only the checking of plain dictionaries.
 from __future__ import annotations
 
 from api import models
-from api.answers import recommendation as answers
 from api.db import Database
 from api.models import utcnow
 from api.schemas.jobs import JobClaim, JobCreate, JobPublic, JobQuery, JobsPublic, Lease
@@ -24,17 +23,19 @@ from api.schemas.profiles import (
     ProfilesCreated,
     ProfilesPublic,
 )
-from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
 from api.schemas.workers import WorkerCreate, WorkerPublic
 from api.security import Principal
 from api.store import jobs, oom_reports, profiles
+from api.store.evidence import SqlEvidence
+from tuner.answer import decide
+from tuner.core.wire.recommendation import RecommendationPublic, RecommendationQuery
 
 
 def recommend(db: Database, query: RecommendationQuery) -> RecommendationPublic:
-    """The answer to ``query``, computed afresh (the route keeps answers ready to send,
-    :mod:`api.answers.cached`)."""
+    """The answer to ``query``: :func:`tuner.answer.decide` over the store's evidence, read
+    in one transaction."""
     with db.session() as session:
-        return answers.recommend(session, query, now=utcnow())
+        return decide(query, SqlEvidence(session), now=utcnow())
 
 
 def upload_profiles(

@@ -1,16 +1,15 @@
 """The calculator: a recommendation question read from a page's query string, answered by
 the recommendation route's own code.
 
-The page asks :func:`api.answers.cached.cached_or_computed` (what
-``GET /api/v1/recommendation`` calls, its cache included) and shows the JSON that route
-sends, parsed: the dashboard derives nothing of its own, so what a page shows and what a
+The page asks :func:`api.service.recommend` (what ``GET /api/v1/recommendation`` calls,
+which asks :func:`tuner.answer.decide`) and shows the JSON that route sends, parsed: the
+dashboard derives nothing of its own, so what a page shows and what a
 training job receives for the same question cannot differ. A refusal is the route's own
 message, the same one its 422, 404 or 409 carries.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,18 +17,27 @@ from urllib.parse import urlencode
 
 from fastapi import Request
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
-from api.answers.cached import QUESTION_ORDER, cached_or_computed
-from api.deps import current_generation
+from api import service
 from api.errors import STATUS_BY_CODE, describe_invalid
-from api.schemas.recommendation import RecommendationQuery
 from tuner.core import plan
 from tuner.core.errors import TunerError
 from tuner.core.parallel import PARALLEL_MODES
+from tuner.core.wire.recommendation import RecommendationQuery
 
 # What the calculator's form asks, named as the API's query parameters are, so that the
 # page's URL carries the question and the API answers the same query string.
-QUESTION_FIELDS = tuple(name for name in QUESTION_ORDER if name not in ("tokens_per_micro_batch",))
+QUESTION_FIELDS = (
+    "workload",
+    "device",
+    "global_batch_size",
+    "world_size",
+    "policy",
+    "parallel",
+    "seq_len",
+    "tp",
+)
 POLICIES = plan.POLICIES
 MODES = PARALLEL_MODES
 DEFAULT_GLOBAL_BATCH = 256
@@ -75,8 +83,10 @@ async def calculate(request: Request, question: dict[str, str]) -> Calculation:
         message, _ = describe_invalid(exc.errors(), location=("query",))
         return Calculation(question, error=message, status=422)
     try:
-        answer = await cached_or_computed(request.app.state, query, current_generation(request))
+        answer = await run_in_threadpool(service.recommend, request.app.state.db, query)
     except TunerError as exc:
         return Calculation(question, error=exc.message, status=STATUS_BY_CODE.get(exc.code, 400))
-    document: dict[str, Any] = json.loads(answer.body())
-    return Calculation(question, answer=document)
+    # The rows the answer read, by key: the menus select them, and every later edit of the
+    # form asks about these rows, never about whatever a name resolves to then.
+    meant = {**question, "workload": answer.workload_key, "device": answer.device_key}
+    return Calculation(meant, answer=answer.model_dump(mode="json"))

@@ -2,7 +2,7 @@
 
 Workloads built for different sequence lengths of one model have keys of their own and share
 a ``length_family``. For each device: the measured points (the newest one-process profile at
-each length) and, from two lengths on, the answers ``api.answers.recommendation.at_length``
+each length) and, from two lengths on, the answers ``tuner.core.lengths.estimate_length``
 gives (the recommendation's own estimate) across the whole range it answers, half the
 shortest length to 1.25 times the longest, sampled at :data:`CURVE_POINTS` lengths.
 """
@@ -15,10 +15,10 @@ from itertools import pairwise
 from typing import Any, Literal
 
 from api import models
-from api.answers.recommendation import at_length
 from api.store.profiles import to_result
 from tuner.core import lengths
 from tuner.core.errors import BadInputError
+from tuner.core.lengths import estimate_length as at_length
 from tuner.core.plan import Basis
 
 # Enough lengths that the curve shows each step of M* on a page-wide chart, few enough that

@@ -13,18 +13,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, and_, exists, func, select
+from sqlalchemy import ColumnElement, and_, exists, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from api import models
-from api.answers.devices import DeviceResult, on_every_device
 from api.dashboard.format import fmt_bytes, mode_label, oom_cap, variant_text
 from api.schemas.profiles import ProfilePublic
-from api.store.oom_reports import smallest_limit
-from api.store.profiles import get_profile, get_workload, to_public
-from api.store.recommendation import newest_fit
+from api.store.evidence import SqlEvidence, device_row
+from api.store.profiles import find_device, find_workload, get_profile, get_workload, to_public
+from tuner.answer import current
+from tuner.answer.devices import DeviceResult, on_every_device
 from tuner.core.errors import NotFoundError
 from tuner.core.results import ProbeResult
+from tuner.core.shape import ONE_PROCESS
 
 SortKey = Literal["created", "mstar", "headroom", "workload", "device"]
 SORT_KEYS: tuple[SortKey, ...] = ("created", "mstar", "headroom", "workload", "device")
@@ -197,44 +198,63 @@ def _at_max(profile: Any) -> ColumnElement[bool]:
     )
 
 
-def _superseded(
-    profile: Any, *, among_one_process: bool = False, at_its_world_size: bool = False
-) -> Any:
-    """Whether a newer profile of the pair exists (of those at world size 1 only, with
-    ``among_one_process``; at the profile's own shape, its world size and tp, as
-    recommendations choose, with ``at_its_world_size``: a 2 × 2 mesh is not superseded by a
-    newer 4 × 1 run)."""
+def _superseded(profile: Any) -> Any:
+    """SQL for "a newer profile of the pair exists at the profile's mesh shape", which the
+    list filters and counts by in the database; it states :func:`tuner.answer.current.
+    superseded` (received later, then stored later), and ``tests/dashboard`` holds the two
+    to the same rows."""
     newer = aliased(models.Profile)
     return exists().where(
         newer.workload_id == profile.workload_id,
         newer.device_id == profile.device_id,
-        newer.received_at > profile.received_at,
-        *([newer.world_size == 1] if among_one_process else []),
-        *(
-            [newer.world_size == profile.world_size, newer.tp == profile.tp]
-            if at_its_world_size
-            else []
+        newer.world_size == profile.world_size,
+        newer.tp == profile.tp,
+        or_(
+            newer.received_at > profile.received_at,
+            and_(newer.received_at == profile.received_at, newer.id > profile.id),
         ),
     )
 
 
-def _oom_since(profile: Any) -> Any:
-    """The smallest size answers must stay below since the profile, as the recommendation
-    reads it (``smallest_limit``): the dashboard and the answer name the same number."""
-    return (
-        select(smallest_limit(models.OomReport))
-        .where(
-            models.OomReport.workload_id == profile.workload_id,
-            models.OomReport.device_id == profile.device_id,
-            models.OomReport.created_at > profile.received_at,
+@dataclass(frozen=True)
+class _Decided:
+    """What :mod:`tuner.answer.current` says of one listed profile."""
+
+    superseded: bool
+    oom_limit: int | None
+    footprint_bytes: int | None
+    samples_per_second: float | None
+
+
+def _decided(
+    session: Session, profile_ids: Sequence[int], workload_ids: Sequence[int]
+) -> dict[int, _Decided]:
+    """Whether each listed profile is superseded, what caps it, and its footprint and
+    speed at M*, decided by :mod:`tuner.answer.current` from the evidence of the page's
+    workloads (the same definitions an answer uses)."""
+    evidence = SqlEvidence(session)
+    profiles = evidence.profiles(set(workload_ids))
+    reports = evidence.oom_reports(set(workload_ids))
+    probes = evidence.probes(profile_ids)
+    decided: dict[int, _Decided] = {}
+    for row in profiles:
+        if row.id not in probes:
+            continue
+        fitting = [p for p in probes[row.id] if p.fits]
+        at_max = current.probe_at(fitting, row.max_micro_batch_size)
+        decided[row.id] = _Decided(
+            superseded=current.superseded(row, profiles),
+            oom_limit=current.profile_cap(row, reports),
+            footprint_bytes=current.footprint(at_max),
+            samples_per_second=at_max.samples_per_second if at_max is not None else None,
         )
-        .scalar_subquery()
-    )
+    return decided
 
 
 def list_profiles(session: Session, query: ListQuery) -> ProfileList:
     """One page of profile rows, the number matching, and the filter menus."""
-    # The last fitting probe at M* is the one the recommendation reads (plan._probe_at).
+    # Sorting by headroom orders by the reserved peak and memory outside torch at M* (the
+    # page shows the footprint tuner.answer.current defines, CPU collective copies in it).
     footprint = (
         select(_Probe.peak_reserved_bytes + _Probe.non_torch_bytes)
         .where(_at_max(_P))
@@ -242,14 +262,7 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
         .limit(1)
         .scalar_subquery()
     )
-    speed = (
-        select(_Probe.samples_per_second)
-        .where(_at_max(_P))
-        .order_by(_Probe.ordinal.desc())
-        .limit(1)
-        .scalar_subquery()
-    )
-    superseded = _superseded(_P, at_its_world_size=True)
+    superseded = _superseded(_P)
     where: list[ColumnElement[bool]] = []
     if query.workload_id is not None:
         where.append(_P.workload_id == query.workload_id)
@@ -282,10 +295,6 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
             _P.size_cap,
             _P.headroom,
             _P.budget_bytes,
-            footprint,
-            speed,
-            superseded,
-            _oom_since(_P),
             _P.world_size,
             _P.parallel_mode,
             _P.variant,
@@ -299,6 +308,8 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
         .limit(query.size)
         .offset((query.page - 1) * query.size)
     )
+    found = session.execute(statement).all()
+    decided = _decided(session, [r[0] for r in found], [r[2] for r in found])
     rows = [
         ProfileRow(
             id=r[0],
@@ -314,17 +325,17 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
             size_cap=r[10],
             headroom=r[11],
             budget_bytes=r[12],
-            footprint_bytes=r[13],
-            samples_per_second=r[14],
-            superseded=bool(r[15]),
-            oom_limit=r[16],
-            world_size=r[17],
-            parallel_mode=r[18],
-            variant=dict(r[19] or {}),
-            seq_len=r[20],
-            tp=r[21] or 1,
+            footprint_bytes=decided[r[0]].footprint_bytes,
+            samples_per_second=decided[r[0]].samples_per_second,
+            superseded=decided[r[0]].superseded,
+            oom_limit=decided[r[0]].oom_limit,
+            world_size=r[13],
+            parallel_mode=r[14],
+            variant=dict(r[15] or {}),
+            seq_len=r[16],
+            tp=r[17] or 1,
         )
-        for r in session.execute(statement)
+        for r in found
     ]
     count = session.scalar(select(func.count()).select_from(_P).where(*where)) or 0
     total = count
@@ -444,8 +455,9 @@ def question_choices(
         .order_by(_P.received_at.desc(), _P.id.desc())
         .limit(1)
     )
-    by_workload = [_W.key == workload] if workload else []
-    by_device = [_D.key == device] if device else []
+    # The rows the references mean, as an answer reads them (key, else the owner's name).
+    by_workload = [_W.id == _reference_id(session, models.Workload, workload)] if workload else []
+    by_device = [_D.id == _reference_id(session, models.Device, device)] if device else []
     newest = None
     for where in (by_workload + by_device, by_workload, by_device, []):
         newest = session.execute(newest_first.where(*where)).first()
@@ -456,6 +468,18 @@ def question_choices(
         devices=device_choices(session),
         newest=NewestRun(*newest[:5], tp=newest[5] or 1) if newest is not None else None,
     )
+
+
+def _reference_id(
+    session: Session, table: type[models.Workload] | type[models.Device], reference: str
+) -> int | None:
+    """The row ``reference`` means (:mod:`tuner.answer.identity`), or ``None``."""
+    try:
+        if table is models.Workload:
+            return find_workload(session, reference).id
+        return find_device(session, reference).id
+    except NotFoundError:
+        return None
 
 
 def profile_count(session: Session) -> int:
@@ -504,38 +528,34 @@ class ProfileDetail:
 
 
 def profile_detail(session: Session, profile_id: int) -> ProfileDetail:
+    """One profile, whether it is current and what caps it (:mod:`tuner.answer.current`),
+    and the OOM reports made since it was received."""
     row = get_profile(session, profile_id)
-    newest_id = session.scalar(
-        select(_P.id)
-        .where(
-            _P.workload_id == row.workload_id,
-            _P.device_id == row.device_id,
-            # Recommendations pick by shape too: world size and tp.
-            _P.world_size == row.world_size,
-            _P.tp == row.tp,
-        )
-        .order_by(_P.received_at.desc(), _P.id.desc())
-        .limit(1)
+    evidence = SqlEvidence(session)
+    profiles = evidence.profiles([row.workload_id])
+    this = next(p for p in profiles if p.id == row.id)
+    newest = current.current_at(profiles, row.workload_id, row.device_id, this.mesh)
+    reports = [
+        report
+        for report in evidence.oom_reports([row.workload_id])
+        if current.caps(report, row.workload_id, row.device_id)
+        and report.created_at > this.received_at
+    ]
+    messages = dict(
+        session.execute(
+            select(models.OomReport.id, models.OomReport.message).where(
+                models.OomReport.id.in_([report.id for report in reports])
+            )
+        ).all()
     )
-    reports = session.execute(
-        select(
-            models.OomReport.micro_batch_size,
-            models.OomReport.message,
-            models.OomReport.created_at,
-        )
-        .where(
-            models.OomReport.workload_id == row.workload_id,
-            models.OomReport.device_id == row.device_id,
-            models.OomReport.created_at > row.received_at,
-        )
-        .order_by(models.OomReport.created_at.desc())
-        .limit(20)
-    ).all()
+    reports.sort(key=lambda report: report.created_at, reverse=True)
     return ProfileDetail(
         profile=to_public(row),
-        newest_id=newest_id or row.id,
-        oom_reports=[OomReportRow(r[0], r[1], r[2]) for r in reports],
-        oom_limit=session.scalar(select(_oom_since(_P)).where(_P.id == row.id)),
+        newest_id=newest.id if newest is not None else row.id,
+        oom_reports=[
+            OomReportRow(r.micro_batch_size, messages.get(r.id), r.created_at) for r in reports[:20]
+        ],
+        oom_limit=current.profile_cap(this, reports),
     )
 
 
@@ -609,44 +629,24 @@ class WorkloadDetail:
 
 
 def workload_detail(session: Session, workload_id: int) -> WorkloadDetail:
-    """The workload's M* and throughput on every known device, side by side: the rows
-    read here, measured or estimated decided by :func:`api.answers.devices.on_every_device`."""
+    """The workload's M* and throughput on every known device, side by side: the evidence
+    read here, measured or estimated decided by :func:`tuner.answer.devices.on_every_device`."""
     workload = get_workload(session, workload_id)
-    newest = session.scalars(
-        select(_P).where(_P.workload_id == workload_id, ~_superseded(_P))
-    ).all()
-    counts = dict(
-        session.execute(
-            select(_P.device_id, func.count(_P.id))
-            .where(_P.workload_id == workload_id)
-            .group_by(_P.device_id)
-        ).all()
-    )
-    limit_since_newest: dict[int, int | None] = dict(
-        session.execute(
-            select(_P.device_id, _oom_since(_P)).where(
-                _P.workload_id == workload_id, ~_superseded(_P)
-            )
-        ).all()
-    )
-    oom = models.OomReport
-    limit_ever: dict[int, int | None] = dict(
-        session.execute(
-            select(oom.device_id, smallest_limit(oom))
-            .where(oom.workload_id == workload_id)
-            .group_by(oom.device_id)
-        ).all()
-    )
-    devices = session.scalars(select(_D).order_by(_D.name, _D.id)).all()
+    evidence = SqlEvidence(session)
+    profiles = evidence.profiles([workload_id])
+    devices = [device_row(row) for row in session.execute(_DEVICES.order_by(_D.name, _D.id))]
+    shown = {
+        shapes[0].id
+        for device in devices
+        if (shapes := current.current_per_shape(profiles, workload_id, device.id))
+    }
     results = on_every_device(
-        devices,
-        newest={row.device_id: row for row in newest},
-        counts=counts,
-        limit_since_newest=limit_since_newest,
-        limit_ever=limit_ever,
-        source=newest_fit(session, workload_id),
+        devices, profiles, evidence.probes(shown), evidence.oom_reports([workload_id])
     )
     return WorkloadDetail(workload=workload, results=results)
+
+
+_DEVICES = select(_D.id, _D.key, _D.name, _D.capacity_bytes, _D.kind, _D.registered_by)
 
 
 # Devices
@@ -709,12 +709,17 @@ class LengthFamilyRows:
 def length_family(session: Session, key: str) -> LengthFamilyRows:
     """The family's profiles at world size 1: one statement for the rows (workload and
     device joined), one for their probes; one more only when none was profiled yet."""
-    members = select(_W.id).where(_W.length_family == key, _W.seq_len.is_not(None))
-    newest_in_one_process = ~_superseded(_P, among_one_process=True)
+    members = session.scalars(
+        select(_W.id).where(_W.length_family == key, _W.seq_len.is_not(None))
+    ).all()
+    heads = SqlEvidence(session).profiles(members)
+    shown = {
+        found.id
+        for row in heads
+        if (found := current.current_at(heads, row.workload_id, row.device_id, ONE_PROCESS))
+    }
     profiles = session.scalars(
-        select(_P)
-        .where(_P.workload_id.in_(members), _P.world_size == 1, newest_in_one_process)
-        .order_by(_P.received_at.desc(), _P.id.desc())
+        select(_P).where(_P.id.in_(shown)).order_by(_P.received_at.desc(), _P.id.desc())
     ).all()
     workload = (
         profiles[0].workload

@@ -6,7 +6,7 @@ the key) sharing a name and a model; the page gathers them. A mesh's tensor-para
 and both have 4 ranks, so each (mode, tp) is a series of its own. For each device and
 series: the measured points (the newest profile at each world size and that tp), the
 estimate line where two or more shapes of the mode were measured
-(``api.answers.recommendation.at_world_size`` over every shape measured, the fit the
+(``tuner.core.worlds.estimate_world_size`` over every shape measured, the fit the
 recommendation endpoint answers unmeasured shapes with; world sizes it refuses, where it
 would extrapolate, are left undrawn), and each measured profile's per-rank breakdown at its
 M*.
@@ -21,11 +21,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api import models
-from api.answers.recommendation import at_world_size
 from api.store.profiles import to_result
 from tuner.core.errors import BadInputError
 from tuner.core.results import MemoryBreakdown, Profile
 from tuner.core.worlds import WorldEstimate
+from tuner.core.worlds import estimate_world_size as at_world_size
 
 # The line runs to twice the largest world size measured, and at least this far.
 SMALLEST_RANGE = 8

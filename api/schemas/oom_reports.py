@@ -7,7 +7,14 @@ from typing import Self
 
 from pydantic import BaseModel, Field, model_validator
 
-from api.schemas.common import IdempotencyKey, LongText, PositiveInt32, Reference, RequestModel
+from api.schemas.common import (
+    Id,
+    IdempotencyKey,
+    LongText,
+    PositiveInt32,
+    Reference,
+    RequestModel,
+)
 
 
 class OomReportCreate(RequestModel):
@@ -18,6 +25,12 @@ class OomReportCreate(RequestModel):
         default=None,
         description="the smaller micro batch the run went on with; answers stay at or "
         "below it (without it, one below the failed size)",
+    )
+    profile_id: Id | None = Field(
+        default=None,
+        description="the profile the plan that ran out of memory came from (a "
+        "recommendation's profile_id): the report attaches to that profile's workload and "
+        "device, whatever the names resolve to later; workload and device must name them",
     )
     idempotency_key: IdempotencyKey | None = Field(
         default=None,
@@ -46,6 +59,7 @@ class OomReportPublic(BaseModel):
     device_key: str
     micro_batch_size: int
     settled_micro_batch_size: int | None = None
+    profile_id: int | None = None
     idempotency_key: str | None = None
     message: str | None
     created_at: datetime

@@ -115,7 +115,7 @@ def create_job(
     session: Session, body: JobCreate, *, max_attempts: int, token_id: int | None
 ) -> tuple[models.Job, bool]:
     """Queue the job ``body`` asks for; says whether it is new. What it measures is
-    registered in the name of the token that queued it (``api.store.names``), not the
+    registered in the name of the token that queued it (:mod:`tuner.answer.identity`), not the
     worker's. A job this token queued
     before under the same idempotency key is that job (:mod:`api.store.idempotency`)."""
     key, digest = body.idempotency_key, request_digest(body)

@@ -17,7 +17,8 @@ from api import models
 from api.schemas.oom_reports import OomReportCreate, OomReportPublic
 from api.store.generation import mark_changed
 from api.store.idempotency import insert_once, replayed, request_digest
-from api.store.profiles import find_device, find_workload
+from api.store.profiles import find_device, find_workload, get_profile
+from tuner.core.errors import BadInputError
 
 
 def smallest_limit(oom: type[models.OomReport]) -> Any:
@@ -36,8 +37,7 @@ def add_oom_report(
     a report that differs in anything, its message included, is refused
     (:mod:`api.store.idempotency`).
     """
-    workload = find_workload(session, body.workload)
-    device = find_device(session, body.device)
+    workload, device = _attached_to(session, body)
     key, digest = body.idempotency_key, request_digest(body)
 
     def replay() -> models.OomReport | None:
@@ -55,6 +55,7 @@ def add_oom_report(
         device_id=device.id,
         micro_batch_size=body.micro_batch_size,
         settled_micro_batch_size=body.settled_micro_batch_size,
+        profile_id=body.profile_id,
         token_id=token_id,
         idempotency_key=key,
         request_digest=digest if key is not None else None,
@@ -67,6 +68,26 @@ def add_oom_report(
     return _public(row, workload, device), created
 
 
+def _attached_to(session: Session, body: OomReportCreate) -> tuple[models.Workload, models.Device]:
+    """The workload and device the report caps: those of the profile its plan came from
+    when it names one (the row the plan was read from, not what a name means now), else
+    those its references name."""
+    if body.profile_id is None:
+        return find_workload(session, body.workload), find_device(session, body.device)
+    profile = get_profile(session, body.profile_id)
+    workload, device = profile.workload, profile.device
+    for reference, row, what in (
+        (body.workload, workload, "workload"),
+        (body.device, device, "device"),
+    ):
+        if reference not in (row.key, row.name):
+            raise BadInputError(
+                f"profile {profile.id} measured {what} {row.name!r} ({row.key}), not "
+                f"{reference!r}: report with the {what} of the recommendation that failed"
+            )
+    return workload, device
+
+
 def _public(row: models.OomReport, workload: Any, device: Any) -> OomReportPublic:
     return OomReportPublic(
         id=row.id,
@@ -76,6 +97,7 @@ def _public(row: models.OomReport, workload: Any, device: Any) -> OomReportPubli
         device_key=device.key,
         micro_batch_size=row.micro_batch_size,
         settled_micro_batch_size=row.settled_micro_batch_size,
+        profile_id=row.profile_id,
         idempotency_key=row.idempotency_key,
         message=row.message,
         created_at=row.created_at,

@@ -8,8 +8,7 @@ collide, and a profile sent twice (a retry after a lost response) is stored once
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -21,17 +20,13 @@ from api.schemas.common import API_PREFIX, PageQuery
 from api.schemas.devices import DeviceCreate
 from api.schemas.profiles import ProfilePublic, ProfileQuery, ProfileSummary
 from api.schemas.workloads import WorkloadCreate
+from api.store.evidence import SqlEvidence
 from api.store.generation import mark_changed
-from api.store.names import (
-    NewestProfile,
-    by_reference,
-    choose_device,
-    choose_workload,
-    newest_profile_statement,
-)
 from api.store.paging import keyset_page
 from api.store.rows import get_or_404
 from api.store.variants import check_one_chosen, variant_columns, variant_fields
+from tuner.answer import current, identity
+from tuner.answer.evidence import ProfileRow, workload_info
 from tuner.core import results
 from tuner.core.errors import ConflictError
 from tuner.core.parallel import Parallel
@@ -47,7 +42,7 @@ def _get_or_insert(
     registered_by: int | None,
 ) -> Keyed:
     """The row with ``key``, inserted with ``values`` first if missing, registered by the
-    token ``registered_by`` (whose name it then bears, ``api.store.names``).
+    token ``registered_by`` (whose name it then bears, :mod:`tuner.answer.identity`).
 
     ``INSERT ... ON CONFLICT (key) DO NOTHING``: a concurrent first insert of the same key
     makes this a no-op (PostgreSQL waits for it to commit) instead of an integrity error.
@@ -207,29 +202,33 @@ def list_workloads(
 
 
 def find_device(session: Session, reference: str) -> models.Device:
-    """The device ``reference`` names (``api.store.names``)."""
-    rows: Sequence[models.Device] = session.scalars(_DEVICE_LOOKUP, {"ref": reference}).all()
-    return choose_device(rows, reference)
+    """The device ``reference`` names (:mod:`tuner.answer.identity`)."""
+    chosen = identity.choose_device(SqlEvidence(session).devices(reference), reference)
+    return session.get_one(models.Device, chosen.id)
 
 
 def find_workload(
     session: Session, reference: str, *, mode: str | None = None, seq_len: int | None = None
 ) -> models.Workload:
     """The workload ``reference`` names for a question of ``mode`` and ``seq_len``
-    (``api.store.names``)."""
-    rows: Sequence[models.Workload] = session.scalars(_WORKLOAD_LOOKUP, {"ref": reference}).all()
+    (:mod:`tuner.answer.identity`)."""
+    evidence = SqlEvidence(session)
+    rows = evidence.workloads(reference)
+    profiles = evidence.profiles([row.id for row in identity.owned(rows, reference)])
 
-    def newest_of(workload_id: int) -> NewestProfile | None:
-        row = session.execute(_NEWEST_PROFILE, {"workload_id": workload_id}).first()
-        return None if row is None else (row[0], row[1], row[2], row[3], bool(row[4]))
+    def speed_of(profile: ProfileRow) -> float:
+        probes = evidence.probes([profile.id]).get(profile.id, ())
+        return current.speed_at_max(profile, probes)
 
-    return choose_workload(rows, reference, newest_of, mode=mode, seq_len=seq_len)
-
-
-# Built once: constructing a statement costs more than SQLite takes to run it.
-_DEVICE_LOOKUP = by_reference(models.Device, models.Device)
-_WORKLOAD_LOOKUP = by_reference(models.Workload, models.Workload)
-_NEWEST_PROFILE = newest_profile_statement()
+    chosen = identity.choose_workload(
+        rows,
+        reference,
+        newest_of=lambda row: current.newest(p for p in profiles if p.workload_id == row.id),
+        speed_of=speed_of,
+        mode=mode,
+        seq_len=seq_len,
+    )
+    return session.get_one(models.Workload, chosen.id)
 
 
 def add_profile(
@@ -369,39 +368,6 @@ def fit_of(row: models.Profile) -> results.AffineFit | None:
     )
 
 
-class _WorkloadColumns(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def target(self) -> str | None: ...
-    @property
-    def precision(self) -> str: ...
-    @property
-    def activation_checkpointing(self) -> bool: ...
-    @property
-    def parameter_count(self) -> int: ...
-    @property
-    def optimizer(self) -> str: ...
-    @property
-    def seq_len(self) -> int | None: ...
-    @property
-    def length_family(self) -> str | None: ...
-
-
-def workload_info(workload: _WorkloadColumns) -> results.WorkloadInfo:
-    """What the engine's schema says of a stored workload (a row, or the same columns)."""
-    return results.WorkloadInfo(
-        name=workload.name,
-        target=workload.target,
-        precision=workload.precision,
-        activation_checkpointing=workload.activation_checkpointing,
-        parameter_count=workload.parameter_count,
-        optimizer=workload.optimizer,
-        seq_len=workload.seq_len,
-        length_family=workload.length_family,
-    )
-
-
 def to_result(row: models.Profile) -> results.Profile:
     """The stored profile as the engine's own schema (what the client and plan take)."""
     fit = fit_of(row)
@@ -501,8 +467,12 @@ def _matching(
     reference: str,
 ) -> ColumnElement[bool]:
     """``column`` names a row that ``reference`` may name: its key, or a name among its
-    owner's rows (``api.store.names``)."""
-    ids = list(session.scalars(by_reference(model, model.id), {"ref": reference}))
+    owner's rows (:mod:`tuner.answer.identity`)."""
+    evidence = SqlEvidence(session)
+    rows = (
+        evidence.workloads(reference) if model is models.Workload else evidence.devices(reference)
+    )
+    ids = [row.id for row in identity.owned(rows, reference)]
     return column == ids[0] if len(ids) == 1 else column.in_(ids)
 
 

@@ -168,8 +168,7 @@ def _asked(question: dict[str, str]) -> dict[str, str]:
 def by_route(
     service: Service, question: dict[str, str], *, cookie: bool = False
 ) -> tuple[Said, bytes]:
-    """Asked with a bearer token (answered by the ``CachedAnswers`` middleware, before
-    routing) or with the dashboard's cookie (which the middleware hands to the route)."""
+    """Asked with a bearer token, or with the dashboard's cookie."""
     credentials: dict[str, Any] = (
         {"cookies": {"tuner_token": service.token}}
         if cookie
@@ -260,19 +259,3 @@ def test_route_embedded_and_dashboard_agree(service: Service, name: str) -> None
     if name == "length":
         assert route.answer is not None
         assert route.answer["length_basis"] == "estimated"
-
-
-@pytest.mark.parametrize("name", list(QUESTIONS))
-def test_the_fast_path_and_the_route_answer_byte_for_byte(service: Service, name: str) -> None:
-    # Each path computes its own answer (the cache emptied before each), then the cached
-    # answer is sent: three ways to one question, the same bytes but for the age.
-    question = QUESTIONS[name]
-    cache = service.app.state.recommendations
-    cache.clear()
-    before_routing = by_route(service, question)
-    cache.clear()
-    routed = by_route(service, question, cookie=True)
-    cached = by_route(service, question)
-    assert before_routing == routed == cached
-    if name in KIND:
-        assert len(cache) == 1  # both paths keep the answer under one key

@@ -14,7 +14,6 @@ from api import migrate
 from api.db import Database
 from api.schemas.devices import DeviceInfoCreate
 from api.schemas.jobs import JobPublic
-from api.schemas.recommendation import RecommendationPublic
 from api.schemas.workers import WorkerCreate
 from api.security import Principal
 from api.store import jobs
@@ -25,6 +24,7 @@ from tests.helpers import run_python
 from tests.services import ServerThread
 from tuner.client import TunerClient
 from tuner.core.errors import BadInputError, NotFoundError, NothingFitsError, TunerError
+from tuner.core.wire.recommendation import RecommendationPublic
 
 MODES = ["http", "embedded"]
 

@@ -18,7 +18,6 @@ import torch
 from api.config import ServiceSettings
 from api.db import Database
 from api.main import create_app
-from api.schemas.recommendation import RecommendationPublic
 from tests.api.conftest import make_token
 from tests.api.documents import sample_profile
 from tests.services import ServerThread, free_port
@@ -30,6 +29,7 @@ from tuner.core.errors import (
     ServiceUnavailableError,
 )
 from tuner.core.plan import balanced_split
+from tuner.core.wire.recommendation import RecommendationPublic
 from tuner.engine.backends import CpuBackend, iter_tensors, make_backend
 from tuner.engine.batching import batch_tensors
 from tuner.engine.fingerprint import device_key, workload_key

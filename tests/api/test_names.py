@@ -1,4 +1,4 @@
-"""Names over real HTTP on SQLite and PostgreSQL (``api.store.names``): no token's later
+"""Names over real HTTP on SQLite and PostgreSQL (:mod:`tuner.answer.identity`): no token's later
 write changes what a name answers for anyone, and a name keeps answering as its owner
 profiles more (other modes, an exploration's variants, a changed model, another device of
 the same name)."""

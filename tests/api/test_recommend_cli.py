@@ -16,6 +16,7 @@ from tests.api.documents import MiB, sample_profile
 from tests.services import ServerThread
 from tuner.cli import main
 from tuner.core.plan import recommend
+from tuner.core.shape import MeshShape
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNER = str(ROOT / ".venv" / "bin" / "tuner")
@@ -54,7 +55,7 @@ def test_recommend_prints_the_settings_and_where_they_come_from(
     )
     assert done.returncode == 0, done.stderr
     expected = recommend(
-        max_micro_batch_size=12, probes=profile.probes, global_batch_size=80, world_size=2
+        max_micro_batch_size=12, probes=profile.probes, global_batch_size=80, mesh=MeshShape(2)
     )
     lines = done.stdout.splitlines()
     assert lines[0] == expected.describe()

@@ -11,7 +11,6 @@ from datetime import timedelta
 from typing import Any
 
 from api import models
-from api.answers.recommendation import at_world_size
 from api.db import Database
 from tests.core.test_mesh_worlds import load
 from tests.dashboard.conftest import Tab, signed_in
@@ -19,6 +18,7 @@ from tests.dashboard.data import store
 from tests.dashboard.test_world_sizes import drawn
 from tuner.core.errors import BadInputError
 from tuner.core.results import Profile
+from tuner.core.worlds import estimate_world_size as at_world_size
 
 # (W, tp), stored in this order: the 2 × 2 mesh is the newest.
 ORDER = [(4, 1), (8, 1), (4, 4), (8, 4), (8, 2), (4, 2)]

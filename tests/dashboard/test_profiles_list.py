@@ -180,9 +180,10 @@ def test_a_page_costs_the_same_statements_whatever_its_size(
                 counts[size, sort] = len(seen)
     assert counts[25, "created"] == counts[200, "created"]
     assert counts[25, "headroom"] == counts[200, "headroom"]
-    # The token, the page of rows, their count, the two filter menus, and the variant
-    # options the workload menu names.
-    assert counts[200, "created"] <= 6, counts
+    # The token, the page of rows, their count, the two filter menus, the variant options
+    # the workload menu names, and the evidence tuner.answer.current decides each row's
+    # status from (the page's profiles' heads, OOM reports and probes).
+    assert counts[200, "created"] <= 9, counts
 
 
 def test_a_thousand_profiles_list_is_interactive_within_a_second(

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 from platformdirs import user_cache_path
 from pydantic import ValidationError
 
-from api.schemas.recommendation import RecommendationPublic
+from tuner.core.wire.recommendation import RecommendationPublic
 
 FORMAT_VERSION = 1
 

@@ -39,7 +39,6 @@ from api.schemas.common import API_PREFIX
 from api.schemas.jobs import JobPublic
 from api.schemas.oom_reports import OomReportPublic
 from api.schemas.profiles import ProfilePublic, ProfilesPublic
-from api.schemas.recommendation import RecommendationPublic
 from tuner.client.answer_cache import AnswerCache, Question, default_cache_dir
 from tuner.client.store import open_store
 from tuner.core import plan
@@ -47,6 +46,7 @@ from tuner.core.errors import BadInputError, ServiceUnavailableError, TunerError
 from tuner.core.reports import ProfileReport
 from tuner.core.results import Profile
 from tuner.core.shape import MeshShape
+from tuner.core.wire.recommendation import RecommendationPublic
 
 FINISHED = ("succeeded", "failed")
 

@@ -35,11 +35,11 @@ from api.schemas.jobs import (
 )
 from api.schemas.oom_reports import OomReportCreate, OomReportPublic
 from api.schemas.profiles import ProfileCreate, ProfilePublic, ProfileQuery, ProfilesPublic
-from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
 from api.schemas.workers import WorkerCreate, WorkerPublic
 from api.security import SCOPES, Principal
 from tuner.client.answer_cache import redact
 from tuner.core.errors import BadInputError, ServiceUnavailableError
+from tuner.core.wire.recommendation import RecommendationPublic, RecommendationQuery
 
 Request = TypeVar("Request", bound=BaseModel)
 _ROW_ID: TypeAdapter[int] = TypeAdapter(Id)

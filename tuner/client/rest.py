@@ -10,9 +10,9 @@ from api.schemas.common import API_PREFIX
 from api.schemas.jobs import JobClaim, JobPublic, Lease
 from api.schemas.oom_reports import OomReportPublic
 from api.schemas.profiles import ProfilePublic, ProfilesPublic
-from api.schemas.recommendation import RecommendationPublic
 from api.schemas.workers import WorkerPublic
 from tuner.client.transport import Transport
+from tuner.core.wire.recommendation import RecommendationPublic
 
 
 class RestStore:

@@ -17,10 +17,10 @@ from typing import Any, Protocol
 from api.schemas.jobs import JobClaim, JobPublic, Lease
 from api.schemas.oom_reports import OomReportPublic
 from api.schemas.profiles import ProfilePublic, ProfilesPublic
-from api.schemas.recommendation import RecommendationPublic
 from api.schemas.workers import WorkerPublic
 from tuner.client.answer_cache import redact
 from tuner.core.errors import BadInputError
+from tuner.core.wire.recommendation import RecommendationPublic
 
 __all__ = ["JobClaim", "JobPublic", "Lease", "Store", "WorkerPublic", "open_store"]
 

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from pydantic import JsonValue
 
+from tuner.answer.local import answer_from
 from tuner.client import (
     CachedRecommendation,
     Fallback,
@@ -309,17 +310,16 @@ class _Planner:
         return local.model_copy(update={"offline_reason": outage.message})
 
     def _local_plan(self, profile: Profile) -> OfflineRecommendation:
-        """The plan from ``profile`` by the service's own rule (``plan.recommend_measured``)."""
-        chosen = plans.recommend_measured(
-            max_micro_batch_size=profile.max_micro_batch_size,
-            probes=profile.probes,
-            capacity_bytes=profile.device.capacity_bytes,
+        """The plan from ``profile`` by the service's own rule: :func:`tuner.answer.decide`
+        over this one profile, asked as the service would be."""
+        answer = answer_from(
+            profile,
             global_batch_size=self.global_batch_size,
             mesh=MeshShape(self.world_size, self.workload.parallel.tp),
-            policy=self.policy,
+            policy=self.policy,  # type: ignore[arg-type]
         )
         return OfflineRecommendation(
-            **chosen.model_dump(),
+            **answer.model_dump(include=set(plans.Recommendation.model_fields)),
             workload=self.workload_key,
             device=self.device_key,
             offline_reason="",

@@ -97,13 +97,12 @@ class Lengths:
         )
 
     def settle(self) -> list[Profile]:
-        from tuner.core.plan import recommend
+        from tuner.answer.local import answer_from
 
         args = self.args
         self.plans: list[Recommendation | None] = [
-            recommend(
-                max_micro_batch_size=p.max_micro_batch_size,
-                probes=p.probes,
+            answer_from(
+                p,
                 global_batch_size=args.global_batch_size,
                 mesh=MeshShape(args.world_size, args.tp or 1),
             )

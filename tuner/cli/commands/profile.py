@@ -316,7 +316,7 @@ class OneWorkload:
         )
 
     def settle(self) -> list[Profile]:
-        from tuner.core.plan import recommend
+        from tuner.answer.local import answer_from
         from tuner.engine.workload import load_workload
 
         args, workload, exploration = self.args, self.workload, self.exploration
@@ -338,11 +338,8 @@ class OneWorkload:
             if chosen.options:
                 advised = load_workload(args.target, {**workload.options, **chosen.options})
         elif profile.max_micro_batch_size and args.global_batch_size is not None:
-            recommendation = recommend(
-                max_micro_batch_size=profile.max_micro_batch_size,
-                probes=profile.probes,
-                global_batch_size=args.global_batch_size,
-                mesh=mesh_of(args),
+            recommendation = answer_from(
+                profile, global_batch_size=args.global_batch_size, mesh=mesh_of(args)
             )
         # The JSON (and the upload) is the chosen variant's profile; the text shows the
         # loaded workload's probes and then the variants table, which names the chosen one.

@@ -15,7 +15,7 @@ from tuner.core.plan import DEFAULT_POLICY, POLICIES
 from tuner.core.units import format_bytes
 
 if TYPE_CHECKING:
-    from api.schemas.recommendation import RecommendationPublic
+    from tuner.core.wire.recommendation import RecommendationPublic
 
 
 def add_parser(commands: Any) -> None:

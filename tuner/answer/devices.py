@@ -1,11 +1,11 @@
 """A workload on every known device: measured, estimated, or neither, by the rule a
-one-process recommendation follows.
+one-process answer follows.
 
-A device with a profile of the workload is measured by its newest one, and the OOM
-reports that cap it are those made since; a device without one is estimated from the
-workload's newest fit on another device (:func:`api.answers.recommendation.on_device`,
-the recommendation's own estimate), capped by every OOM report ever made there. The
-dashboard's workload page reads the rows and asks this module; it decides nothing itself.
+A device with a profile of the workload is measured by its current profile at the
+smallest mesh shape measured there (one process, for a one-process workload), capped by
+the OOM reports made since; a device without one is estimated from the workload's newest
+fit on another device (the one-process answer's own estimate), capped by every OOM report
+ever made there. The dashboard's workload page hands the rows over and shows the result.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal
 
-from api import models
-from api.answers.recommendation import on_device
-from api.store.profiles import fit_of
+from tuner.answer import current
+from tuner.answer.evidence import DeviceRow, OomRow, ProfileRow
 from tuner.core import plan
 from tuner.core.errors import BadInputError
-from tuner.core.results import AffineFit
+from tuner.core.results import ProbeResult
 
 
 @dataclass(frozen=True)
@@ -58,33 +57,37 @@ _ORDER = {"measured": 0, "estimated": 1, "none": 2}
 
 
 def on_every_device(
-    devices: Sequence[models.Device],
-    *,
-    newest: Mapping[int, models.Profile],
-    counts: Mapping[int, int],
-    limit_since_newest: Mapping[int, int | None],
-    limit_ever: Mapping[int, int | None],
-    source: models.Profile | None,
+    devices: Sequence[DeviceRow],
+    profiles: Sequence[ProfileRow],
+    probes: Mapping[int, Sequence[ProbeResult]],
+    reports: Sequence[OomRow],
 ) -> list[DeviceResult]:
     """One result a device, measured first, then estimated, then neither (by name within
-    each). ``newest``: the workload's newest profile on each device that has one;
-    ``counts``: its profiles there; ``limit_since_newest`` / ``limit_ever``: the smallest
-    OOM reported since that profile / ever, by device; ``source``: the newest profile with
-    a fit, on any device."""
-    fit = fit_of(source) if source is not None else None  # one fit for every device
+    each), from one workload's ``profiles`` (with ``probes`` of at least the current ones)
+    and OOM ``reports``."""
+    fitted = current.newest(p for p in profiles if p.fit is not None and p.fit.bytes_per_sample > 0)
+    names = {device.id: device.name for device in devices}
     results: list[DeviceResult] = []
     for device in devices:
-        row = newest.get(device.id)
-        if row is not None:
-            oom = limit_since_newest.get(device.id)
-            results.append(_measured(device, row, counts.get(device.id, 0), oom))
+        shapes = current.current_per_shape(
+            profiles, profiles[0].workload_id if profiles else 0, device.id
+        )
+        if shapes:
+            row = shapes[0]
+            count = sum(1 for p in profiles if p.device_id == device.id)
+            oom = current.profile_cap(row, reports)
+            results.append(_measured(device, row, probes.get(row.id, ()), count, oom))
         else:
-            results.append(_estimated(device, source, fit, limit_ever.get(device.id)))
+            limit = current.oom_cap(
+                reports, fitted.workload_id if fitted else 0, device.id, since=None
+            )
+            source = names.get(fitted.device_id) if fitted is not None else None
+            results.append(_estimated(device, fitted, source, limit))
     results.sort(key=lambda r: (_ORDER[r.basis], r.device_name))
     return results
 
 
-def _base(device: models.Device, oom: int | None) -> DeviceResult:
+def _base(device: DeviceRow, oom: int | None) -> DeviceResult:
     return DeviceResult(
         device_id=device.id,
         device_key=device.key,
@@ -98,16 +101,16 @@ def _base(device: models.Device, oom: int | None) -> DeviceResult:
 
 
 def _measured(
-    device: models.Device, row: models.Profile, count: int, oom: int | None
+    device: DeviceRow,
+    row: ProfileRow,
+    probes: Sequence[ProbeResult],
+    count: int,
+    oom: int | None,
 ) -> DeviceResult:
-    fitting = [p for p in row.probes if p.fits]
-    at_max = [p for p in fitting if p.micro_batch_size == row.max_micro_batch_size]
-    probe = at_max[-1] if at_max else None
+    fitting = [p for p in probes if p.fits]
+    probe = current.probe_at(fitting, row.max_micro_batch_size)
     timed = [p for p in fitting if p.samples_per_second is not None]
     best = max(timed, key=lambda p: p.samples_per_second or 0.0, default=None)
-    footprint = None
-    if probe is not None and probe.peak_reserved_bytes is not None:
-        footprint = probe.peak_reserved_bytes + probe.non_torch_bytes
     return replace(
         _base(device, oom),
         basis="measured",
@@ -115,7 +118,7 @@ def _measured(
         samples_per_second=probe.samples_per_second if probe is not None else None,
         best_samples_per_second=best.samples_per_second if best is not None else None,
         best_micro_batch_size=best.micro_batch_size if best is not None else None,
-        footprint_bytes=footprint,
+        footprint_bytes=current.footprint(probe),
         profile_id=row.id,
         profile_created_at=row.created_at,
         profiles=count,
@@ -123,12 +126,9 @@ def _measured(
 
 
 def _estimated(
-    device: models.Device,
-    source: models.Profile | None,
-    fit: AffineFit | None,
-    oom: int | None,
+    device: DeviceRow, source: ProfileRow | None, source_device: str | None, oom: int | None
 ) -> DeviceResult:
-    if source is None or fit is None:
+    if source is None or source.fit is None:
         return replace(
             _base(device, oom), note="no profile here, and no fit elsewhere to estimate from"
         )
@@ -139,17 +139,14 @@ def _estimated(
         profile_created_at=source.created_at,
     )
     try:
-        estimate = on_device(
-            fit,
-            capacity_bytes=device.capacity_bytes,
-            headroom=source.headroom,
-            size_cap=source.size_cap,
+        found = plan.estimate_max_micro_batch(
+            source.fit, device.capacity_bytes, source.headroom, size_cap=source.size_cap
         )
     except BadInputError as exc:
         return replace(base, basis="none", note=exc.message)
     return replace(
         base,
-        max_micro_batch_size=estimate.max_micro_batch_size,
-        footprint_bytes=estimate.footprint_bytes,
-        source_device_name=source.device.name,
+        max_micro_batch_size=found,
+        footprint_bytes=round(source.fit.predict(found)) if found > 0 else None,
+        source_device_name=source_device,
     )

@@ -1,1 +1,0 @@
-"""The service's answers: the decisions, over the rows the store reads."""

@@ -1,0 +1,214 @@
+"""The evidence a question is answered from, read from the SQL store: plain reads only.
+
+Each method is one indexed statement through the ORM session and returns the rows as
+:mod:`tuner.answer.evidence` values; nothing here chooses among them (which row a name
+means, which profile is current, what an OOM report caps: :mod:`tuner.answer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from api import models
+from tuner.answer.evidence import DeviceRow, OomRow, ProfileRow, WorkloadRow
+from tuner.core.parallel import Parallel
+from tuner.core.results import AffineFit, MemoryBreakdown, ProbeResult
+
+_W, _D, _P, _Pr, _O = (
+    models.Workload,
+    models.Device,
+    models.Profile,
+    models.Probe,
+    models.OomReport,
+)
+_WORKLOAD_COLUMNS = (
+    _W.id,
+    _W.key,
+    _W.name,
+    _W.target,
+    _W.parallel_mode,
+    _W.parameter_count,
+    _W.precision,
+    _W.optimizer,
+    _W.activation_checkpointing,
+    _W.seq_len,
+    _W.length_family,
+    _W.registered_by,
+)
+_DEVICE_COLUMNS = (_D.id, _D.key, _D.name, _D.capacity_bytes, _D.kind, _D.registered_by)
+_PROFILE_COLUMNS = (
+    _P.id,
+    _P.workload_id,
+    _P.device_id,
+    _D.key,
+    _P.received_at,
+    _P.created_at,
+    _P.max_micro_batch_size,
+    _P.headroom,
+    _P.size_cap,
+    _P.world_size,
+    _P.parallel,
+    _P.budget_bytes,
+    _P.strategy,
+    _P.fit_fixed_bytes,
+    _P.fit_bytes_per_sample,
+    _P.fit_points,
+    _P.variant_group,
+    _P.variant_chosen,
+)
+_PROBE_COLUMNS = (
+    _Pr.profile_id,
+    _Pr.micro_batch_size,
+    _Pr.fits,
+    _Pr.peak_allocated_bytes,
+    _Pr.peak_reserved_bytes,
+    _Pr.non_torch_bytes,
+    _Pr.phase_peaks_bytes,
+    _Pr.breakdown,
+    _Pr.samples_per_second,
+)
+
+
+def workload_row(row: Any) -> WorkloadRow:
+    return WorkloadRow(*row)
+
+
+def device_row(row: Any) -> DeviceRow:
+    return DeviceRow(*row)
+
+
+def profile_row(row: Any) -> ProfileRow:
+    """A profile's columns (as ``_PROFILE_COLUMNS`` list them) as evidence."""
+    (
+        profile_id,
+        workload_id,
+        device_id,
+        device_key,
+        received_at,
+        created_at,
+        max_micro_batch_size,
+        headroom,
+        size_cap,
+        world_size,
+        parallel,
+        budget_bytes,
+        strategy,
+        fixed,
+        per_sample,
+        points,
+        variant_group,
+        variant_chosen,
+    ) = row
+    fit = (
+        AffineFit(fixed_bytes=fixed, bytes_per_sample=per_sample, points=points or 0)
+        if fixed is not None and per_sample is not None
+        else None
+    )
+    return ProfileRow(
+        id=profile_id,
+        workload_id=workload_id,
+        device_id=device_id,
+        device_key=device_key,
+        received_at=received_at if received_at is not None else created_at,
+        created_at=created_at,
+        max_micro_batch_size=max_micro_batch_size,
+        headroom=headroom,
+        size_cap=size_cap,
+        world_size=world_size,
+        parallel=Parallel.model_validate(parallel or {}),
+        budget_bytes=budget_bytes,
+        strategy=strategy,
+        fit=fit,
+        variant_group=variant_group,
+        variant_chosen=bool(variant_chosen),
+    )
+
+
+def probe_result(row: Any) -> ProbeResult:
+    """A probe's columns (as ``_PROBE_COLUMNS`` list them, without the profile id)."""
+    size, fits, allocated, reserved, non_torch, phases, breakdown, speed = row
+    return ProbeResult(
+        micro_batch_size=size,
+        fits=fits,
+        peak_allocated_bytes=allocated,
+        peak_reserved_bytes=reserved,
+        non_torch_bytes=non_torch,
+        phase_peaks_bytes=phases or {},
+        breakdown=MemoryBreakdown.model_validate(breakdown) if breakdown else None,
+        samples_per_second=speed,
+    )
+
+
+def oom_row(row: models.OomReport) -> OomRow:
+    return OomRow(
+        id=row.id,
+        workload_id=row.workload_id,
+        device_id=row.device_id,
+        micro_batch_size=row.micro_batch_size,
+        created_at=row.created_at,
+        settled_micro_batch_size=row.settled_micro_batch_size,
+        profile_id=row.profile_id,
+    )
+
+
+def profile_statement() -> Any:
+    """Profiles with their device's key, as :func:`profile_row` reads them."""
+    return select(*_PROFILE_COLUMNS).join(_D, _D.id == _P.device_id)
+
+
+class SqlEvidence:
+    """:class:`tuner.answer.Evidence` over an ORM session, in its transaction."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def workloads(self, reference: str) -> Sequence[WorkloadRow]:
+        found = self.session.execute(
+            select(*_WORKLOAD_COLUMNS)
+            .where(or_(_W.key == reference, _W.name == reference))
+            .order_by(_W.id)
+        )
+        return [workload_row(row) for row in found]
+
+    def family(self, family: str) -> Sequence[WorkloadRow]:
+        found = self.session.execute(
+            select(*_WORKLOAD_COLUMNS).where(_W.length_family == family).order_by(_W.id)
+        )
+        return [workload_row(row) for row in found]
+
+    def devices(self, reference: str) -> Sequence[DeviceRow]:
+        found = self.session.execute(
+            select(*_DEVICE_COLUMNS)
+            .where(or_(_D.key == reference, _D.name == reference))
+            .order_by(_D.id)
+        )
+        return [device_row(row) for row in found]
+
+    def profiles(self, workload_ids: Collection[int]) -> Sequence[ProfileRow]:
+        if not workload_ids:
+            return []
+        found = self.session.execute(profile_statement().where(_P.workload_id.in_(workload_ids)))
+        return [profile_row(row) for row in found]
+
+    def probes(self, profile_ids: Collection[int]) -> Mapping[int, Sequence[ProbeResult]]:
+        if not profile_ids:
+            return {}
+        found: dict[int, list[ProbeResult]] = {i: [] for i in profile_ids}
+        rows = self.session.execute(
+            select(*_PROBE_COLUMNS)
+            .where(_Pr.profile_id.in_(profile_ids))
+            .order_by(_Pr.profile_id, _Pr.ordinal)
+        )
+        for row in rows:
+            found[row[0]].append(probe_result(row[1:]))
+        return found
+
+    def oom_reports(self, workload_ids: Collection[int]) -> Sequence[OomRow]:
+        if not workload_ids:
+            return []
+        rows = self.session.scalars(select(_O).where(_O.workload_id.in_(workload_ids)))
+        return [oom_row(row) for row in rows]
