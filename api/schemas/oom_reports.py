@@ -29,8 +29,8 @@ class OomReportCreate(RequestModel):
     profile_id: Id | None = Field(
         default=None,
         description="the profile the plan that ran out of memory came from (a "
-        "recommendation's profile_id): the report attaches to that profile's workload and "
-        "device, whatever the names resolve to later; workload and device must name them",
+        "recommendation's profile_id): the report caps that profile's workload, whatever "
+        "its name means later; workload must name it",
     )
     idempotency_key: IdempotencyKey | None = Field(
         default=None,

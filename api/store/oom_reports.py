@@ -69,22 +69,19 @@ def add_oom_report(
 
 
 def _attached_to(session: Session, body: OomReportCreate) -> tuple[models.Workload, models.Device]:
-    """The workload and device the report caps: those of the profile its plan came from
-    when it names one (the row the plan was read from, not what a name means now), else
-    those its references name."""
+    """The workload and device the report caps. With the profile its plan came from, that
+    profile's workload (the row the plan was read from, not whatever the name means now),
+    which ``workload`` must name; the device is the one named (an answer estimated from
+    another device's profile ran out of memory on this one)."""
+    device = find_device(session, body.device)
     if body.profile_id is None:
-        return find_workload(session, body.workload), find_device(session, body.device)
-    profile = get_profile(session, body.profile_id)
-    workload, device = profile.workload, profile.device
-    for reference, row, what in (
-        (body.workload, workload, "workload"),
-        (body.device, device, "device"),
-    ):
-        if reference not in (row.key, row.name):
-            raise BadInputError(
-                f"profile {profile.id} measured {what} {row.name!r} ({row.key}), not "
-                f"{reference!r}: report with the {what} of the recommendation that failed"
-            )
+        return find_workload(session, body.workload), device
+    workload = get_profile(session, body.profile_id).workload
+    if body.workload not in (workload.key, workload.name):
+        raise BadInputError(
+            f"profile {body.profile_id} is of workload {workload.name!r} ({workload.key}), "
+            f"not {body.workload!r}: report with the recommendation that ran out of memory"
+        )
     return workload, device
 
 

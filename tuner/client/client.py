@@ -361,6 +361,7 @@ class TunerClient:
         settled_micro_batch_size: int | None = None,
         message: str | None = None,
         idempotency_key: str | None = None,
+        profile_id: int | None = None,
     ) -> OomReportPublic:
         """Tell the service that training ran out of memory at ``micro_batch_size`` (and
         went on at ``settled_micro_batch_size``): its recommendations for the pair stay
@@ -368,7 +369,8 @@ class TunerClient:
 
         Give one ``idempotency_key`` per event (a UUID): the same event reported twice is
         then stored once. :class:`OomReporter` does. Without one this call makes its own,
-        so that its retries are stored once.
+        so that its retries are stored once. ``profile_id``, the recommendation's, attaches
+        the report to the workload that profile measured, whatever a name means later.
         """
         body = {
             "workload": workload,
@@ -377,6 +379,7 @@ class TunerClient:
             "settled_micro_batch_size": settled_micro_batch_size,
             "message": message,
             "idempotency_key": idempotency_key or uuid.uuid4().hex,
+            **({"profile_id": profile_id} if profile_id is not None else {}),
         }
         return self._store.report_oom(body)
 
@@ -390,9 +393,11 @@ class TunerClient:
         """An ``on_oom`` callback for :class:`tuner.train.accumulate.Accumulator` that reports
         each out-of-memory to the service, for the workload and device ``recommendation``
         answered for (or those given)."""
+        profile_id = None
         if recommendation is not None:
             if isinstance(recommendation, RecommendationPublic):
                 workload, device = recommendation.workload_key, recommendation.device_key
+                profile_id = recommendation.profile_id
             elif isinstance(recommendation, OfflineRecommendation):
                 workload, device = recommendation.workload, recommendation.device
         if workload is None or device is None:
@@ -400,7 +405,7 @@ class TunerClient:
                 "say what to report on: pass a recommendation this client returned, or "
                 "workload=... and device=... (keys or names)"
             )
-        return OomReporter(self, workload=workload, device=device)
+        return OomReporter(self, workload=workload, device=device, profile_id=profile_id)
 
     # Jobs
 
@@ -494,10 +499,13 @@ class OomReporter:
 
     MESSAGE_CHARS = 2000
 
-    def __init__(self, client: TunerClient, *, workload: str, device: str) -> None:
+    def __init__(
+        self, client: TunerClient, *, workload: str, device: str, profile_id: int | None = None
+    ) -> None:
         self.client = client
         self.workload = workload
         self.device = device
+        self.profile_id = profile_id
         self.reported: list[int] = []  # the failed sizes the service has recorded
         self.failures = 0
 
@@ -511,6 +519,7 @@ class OomReporter:
                 message=message[: self.MESSAGE_CHARS] or None,
                 # One key per event: the transport's retries send the same body again.
                 idempotency_key=uuid.uuid4().hex,
+                profile_id=self.profile_id,
             )
         except TunerError as exc:
             self.failures += 1
