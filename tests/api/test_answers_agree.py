@@ -110,7 +110,7 @@ QUESTIONS: dict[str, dict[str, str]] = {
         "global_batch_size": "64",
     },
 }
-FORM_FIELDS = ("workload", "device", "global_batch_size", "world_size", "policy", "parallel")
+FORM_FIELDS = ("workload", "device", "global_batch_size", "world_size", "policy", "parallel", "tp")
 KIND = {
     "measured": "measured",
     "another device": "estimated",
