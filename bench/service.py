@@ -16,6 +16,9 @@
    - fleet: 200 questions asked over and over, as the jobs of a fleet do at start-up.
    Requests carry a read token. Latency percentiles and requests per second come from wrk.
 
+With ``--against REF`` (a commit), the same loads also run, interleaved, against that
+commit's service (a checkout of it, on a copy of the same store): the side-by-side figures.
+
 Run: ``python bench/service.py`` (needs Debian's ``wrk``), or ``--quick`` for a smoke run
 that writes nothing.
 """
@@ -27,6 +30,7 @@ import json
 import os
 import random
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -236,9 +240,9 @@ def forget_answers(url: str) -> None:
 
 
 def start(
-    command: list[str], port: int, env: dict[str, str], probe_path: str
+    command: list[str], port: int, env: dict[str, str], probe_path: str, *, cwd: Path = ROOT
 ) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -320,6 +324,12 @@ def main(argv: list[str] | None = None) -> int:
         default=os.cpu_count() or 1,
         help="processes for each server (default: one per core)",
     )
+    parser.add_argument(
+        "--against",
+        default=None,
+        metavar="REF",
+        help="also load the service of this commit (SQLite only), side by side",
+    )
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
         parser.error("wrk is not installed: apt-get install wrk")
@@ -335,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     service_port, bare_port = free_port(), free_port()
     workers = ["--workers", str(args.workers)]
     uvicorn_common = ["--host", "127.0.0.1", "--log-level", "warning", "--no-access-log"]
+    # Copied before this commit's service opens the store, so the copy is whole.
+    against = None
+    if args.against is not None:
+        if not url.startswith("sqlite:///"):
+            parser.error("--against copies the store, which needs SQLite")
+        against = start_against(args.against, url, workdir, [*workers])
     service = start(
         [sys.executable, "-m", "tuner.cli", "serve", "--port", str(service_port), *workers],
         service_port,
@@ -361,14 +377,20 @@ def main(argv: list[str] | None = None) -> int:
         # A fleet: many jobs of the same workloads ask the same few hundred questions.
         fleet = paths[:200]
         cold = partial(forget_answers, url)
-        runs = (
+        runs: list[tuple[str, int, list[str], str, int, Callable[[], None]]] = [
             (BARE, bare_port, ["/bare"], "", 50, _nothing),
             (BARE_SYNC, bare_port, ["/bare-sync"], "", 50, _nothing),
             (COLD, service_port, paths, token, 50, cold),
             (FLEET, service_port, fleet, token, 50, _nothing),
             (BARE_LIGHT, bare_port, ["/bare"], "", 4, _nothing),
             (COLD_LIGHT, service_port, paths, token, 4, cold),
-        )
+        ]
+        if against is not None:
+            old_cold = partial(forget_answers, against.url)
+            ref = f" at {args.against}"
+            runs[3:3] = [(COLD + ref, against.port, paths, token, 50, old_cold)]
+            runs[5:5] = [(FLEET + ref, against.port, fleet, token, 50, _nothing)]
+            runs.append((COLD_LIGHT + ref, against.port, paths, token, 4, old_cold))
         for name, port, target_paths, auth, connections, before in runs:
             base = f"http://127.0.0.1:{port}"
             load = run_wrk(base, target_paths, requests, auth, workdir, connections, before)
@@ -379,9 +401,11 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     finally:
-        for process in (service, bare_server):
+        for process in (service, bare_server, *([against.process] if against else [])):
             process.terminate()
             process.wait(timeout=10)
+        if against is not None:
+            against.remove()
         shutil.rmtree(workdir, ignore_errors=True)
 
     rows = [
@@ -405,6 +429,19 @@ def main(argv: list[str] | None = None) -> int:
         outcome = "met" if met else "not met"
         return f"{share:.0%} of its throughput, p99 {load.p99_ms:.1f} ms: {outcome}"
 
+    side_by_side = []
+    if args.against is not None:
+        light = results[COLD_LIGHT]
+        side_by_side.append(
+            f"Side by side with {args.against} (its own checkout, a copy of the same store, "
+            "loads interleaved): a new question's p99 over 4 connections "
+            f"{light.p99_ms:.1f} ms here against "
+            f"{results[COLD_LIGHT + ' at ' + args.against].p99_ms:.1f} ms there (target "
+            f"≤ 10 ms: {'met' if light.p99_ms <= 10 else 'not met'}), over 50 "
+            f"{cold_load.p99_ms:.1f} ms against "
+            f"{results[COLD + ' at ' + args.against].p99_ms:.1f} ms (target ≤ 50 ms: "
+            f"{'met' if cold_load.p99_ms <= 50 else 'not met'})."
+        )
     body = "\n\n".join(
         [
             "## Recommendation service under load (`bench/service.py`)",
@@ -422,12 +459,13 @@ def main(argv: list[str] | None = None) -> int:
             f"fleet {verdict(fleet_load, bare_load)}; cold {verdict(cold_load, bare_load)}. "
             "Against the bare `def` endpoint (the usual way to write one): fleet "
             f"{verdict(fleet_load, sync_load)}; cold {verdict(cold_load, sync_load)}.",
+            *side_by_side,
             "Cold: every request asks about a workload and device pair not asked before in "
-            "the run, and the store's generation is raised before each run, so every answer "
-            "is computed afresh (three indexed reads and the plan). Fleet: the answers come "
-            "from the cache while the store's generation is unchanged. Both are answered "
-            "before the framework's routing once the token is known, which is why fleet "
-            "answers outrun the bare endpoint.",
+            "the run, and the store's generation is raised before each run, so no answer "
+            "comes from a cache. Fleet: 200 questions asked over and over. The service "
+            "answers each through an ordinary FastAPI route (`def`, in the threadpool): the "
+            "store reads the evidence (`api/store/evidence.py`) and `tuner.answer.decide` "
+            "answers.",
         ]
     )
     print()
@@ -435,6 +473,59 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         write_section("service", body)
     return 0
+
+
+@dataclass
+class Against:
+    """The service of another commit, from its own checkout, over a copy of the store."""
+
+    checkout: Path
+    url: str
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def remove(self) -> None:
+        subprocess.run(
+            ["git", "worktree", "remove", "--force", str(self.checkout)], cwd=ROOT, check=False
+        )
+
+
+def start_against(ref: str, url: str, workdir: Path, workers: list[str]) -> Against:
+    """Check ``ref`` out beside this one, copy the store for it (stamped with its own
+    newest migration, which the columns it reads are in), and start its service."""
+    from tests.services import free_port
+
+    checkout = workdir / "against"
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(checkout), ref],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    head = subprocess.run(
+        [sys.executable, "-c", "from api.migrate import head_revision; print(head_revision())"],
+        cwd=checkout,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    source = Path(url.removeprefix("sqlite:///"))
+    copy = workdir / "against.db"
+    shutil.copy(source, copy)
+    with sqlite3.connect(copy) as connection:
+        connection.execute("UPDATE alembic_version SET version_num = ?", (head,))
+    copy_url = f"sqlite:///{copy}"
+    port = free_port()
+    process = start(
+        [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port), *workers],
+        port,
+        {**env, "TUNER_DATABASE_URL": copy_url},
+        "/healthz",
+        cwd=checkout,
+    )
+    return Against(checkout, copy_url, port, process)
 
 
 def _processes(count: int) -> str:

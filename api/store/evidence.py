@@ -8,9 +8,10 @@ means, which profile is current, what an OOM report caps: :mod:`tuner.answer`).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import BindParameter, bindparam, or_, select
 from sqlalchemy.orm import Session
 
 from api import models
@@ -119,13 +120,20 @@ def profile_row(row: Any) -> ProfileRow:
         headroom=headroom,
         size_cap=size_cap,
         world_size=world_size,
-        parallel=Parallel.model_validate(parallel or {}),
+        parallel=_parallel(tuple(sorted((parallel or {}).items()))),
         budget_bytes=budget_bytes,
         strategy=strategy,
         fit=fit,
         variant_group=variant_group,
         variant_chosen=bool(variant_chosen),
     )
+
+
+@lru_cache(maxsize=256)
+def _parallel(fields: tuple[tuple[str, Any], ...]) -> Parallel:
+    """A stored ``parallel`` document, validated once: a store holds a handful of distinct
+    ones, and validating each row's costs more than reading it."""
+    return Parallel.model_validate(dict(fields))
 
 
 def probe_result(row: Any) -> ProbeResult:
@@ -160,6 +168,26 @@ def profile_statement() -> Any:
     return select(*_PROFILE_COLUMNS).join(_D, _D.id == _P.device_id)
 
 
+# Built once, with bound parameters: building a statement costs more than running it.
+_REFERENCE: BindParameter[str] = bindparam("reference")
+_IDS: BindParameter[list[int]] = bindparam("ids", expanding=True)
+_WORKLOADS = (
+    select(*_WORKLOAD_COLUMNS)
+    .where(or_(_W.key == _REFERENCE, _W.name == _REFERENCE))
+    .order_by(_W.id)
+)
+_FAMILY = select(*_WORKLOAD_COLUMNS).where(_W.length_family == _REFERENCE).order_by(_W.id)
+_DEVICES = (
+    select(*_DEVICE_COLUMNS).where(or_(_D.key == _REFERENCE, _D.name == _REFERENCE)).order_by(_D.id)
+)
+_PROFILES = profile_statement().where(_P.workload_id.in_(_IDS))
+_PROFILES_ON_DEVICE = _PROFILES.where(_P.device_id == bindparam("device_id"))
+_PROBES = (
+    select(*_PROBE_COLUMNS).where(_Pr.profile_id.in_(_IDS)).order_by(_Pr.profile_id, _Pr.ordinal)
+)
+_OOM_REPORTS = select(_O).where(_O.workload_id.in_(_IDS))
+
+
 class SqlEvidence:
     """:class:`tuner.answer.Evidence` over an ORM session, in its transaction."""
 
@@ -167,48 +195,40 @@ class SqlEvidence:
         self.session = session
 
     def workloads(self, reference: str) -> Sequence[WorkloadRow]:
-        found = self.session.execute(
-            select(*_WORKLOAD_COLUMNS)
-            .where(or_(_W.key == reference, _W.name == reference))
-            .order_by(_W.id)
-        )
+        found = self.session.execute(_WORKLOADS, {"reference": reference})
         return [workload_row(row) for row in found]
 
     def family(self, family: str) -> Sequence[WorkloadRow]:
-        found = self.session.execute(
-            select(*_WORKLOAD_COLUMNS).where(_W.length_family == family).order_by(_W.id)
-        )
+        found = self.session.execute(_FAMILY, {"reference": family})
         return [workload_row(row) for row in found]
 
     def devices(self, reference: str) -> Sequence[DeviceRow]:
-        found = self.session.execute(
-            select(*_DEVICE_COLUMNS)
-            .where(or_(_D.key == reference, _D.name == reference))
-            .order_by(_D.id)
-        )
+        found = self.session.execute(_DEVICES, {"reference": reference})
         return [device_row(row) for row in found]
 
-    def profiles(self, workload_ids: Collection[int]) -> Sequence[ProfileRow]:
+    def profiles(
+        self, workload_ids: Collection[int], *, device_id: int | None = None
+    ) -> Sequence[ProfileRow]:
         if not workload_ids:
             return []
-        found = self.session.execute(profile_statement().where(_P.workload_id.in_(workload_ids)))
+        ids = list(workload_ids)
+        found = (
+            self.session.execute(_PROFILES, {"ids": ids})
+            if device_id is None
+            else self.session.execute(_PROFILES_ON_DEVICE, {"ids": ids, "device_id": device_id})
+        )
         return [profile_row(row) for row in found]
 
     def probes(self, profile_ids: Collection[int]) -> Mapping[int, Sequence[ProbeResult]]:
         if not profile_ids:
             return {}
         found: dict[int, list[ProbeResult]] = {i: [] for i in profile_ids}
-        rows = self.session.execute(
-            select(*_PROBE_COLUMNS)
-            .where(_Pr.profile_id.in_(profile_ids))
-            .order_by(_Pr.profile_id, _Pr.ordinal)
-        )
-        for row in rows:
+        for row in self.session.execute(_PROBES, {"ids": list(profile_ids)}):
             found[row[0]].append(probe_result(row[1:]))
         return found
 
     def oom_reports(self, workload_ids: Collection[int]) -> Sequence[OomRow]:
         if not workload_ids:
             return []
-        rows = self.session.scalars(select(_O).where(_O.workload_id.in_(workload_ids)))
+        rows = self.session.scalars(_OOM_REPORTS, {"ids": list(workload_ids)})
         return [oom_row(row) for row in rows]

@@ -80,7 +80,6 @@ class Meaning:
     workload: WorkloadRow
     device: DeviceRow
     mode: ParallelMode
-    profiles: Sequence[ProfileRow]  # every profile of the candidate workloads
 
     @classmethod
     def of(cls, question: RecommendationQuery, evidence: Evidence) -> Meaning:
@@ -103,7 +102,7 @@ class Meaning:
         )
         device = identity.choose_device(evidence.devices(question.device), question.device)
         mode = question.parallel or _mode(workload.parallel_mode)
-        return cls(workload, device, mode, evidence.profiles([workload.id]))
+        return cls(workload, device, mode)
 
 
 def _speed_at_max(evidence: Evidence, profile: ProfileRow) -> float:
@@ -169,7 +168,7 @@ class _Answering:
                     f"{w.parallel_mode}: ask with parallel={w.parallel_mode}, or name "
                     "the one-process workload"
                 )
-            return self.one_process(w, self.meant.profiles)
+            return self.one_process(w)
         if w.parallel_mode == mode:
             found = self.across_shapes()
             if found is not None:
@@ -184,9 +183,9 @@ class _Answering:
                     f"(`{profile_command(self.device, w, *self.ranks_flags())}`) or queue a job "
                     "for it"
                 )
-            return self.with_caveat(self.one_process(sibling, self.evidence.profiles([sibling.id])))
+            return self.with_caveat(self.one_process(sibling))
         if w.parallel_mode == "none":
-            return self.with_caveat(self.one_process(w, self.meant.profiles))
+            return self.with_caveat(self.one_process(w))
         raise BadInputError(
             f"workload {w.name!r} ({w.key}) is measured under "
             f"{w.parallel_mode}, not {mode}: ask with parallel={w.parallel_mode}, or "
@@ -196,18 +195,20 @@ class _Answering:
     def _reports(self, workload: WorkloadRow) -> Sequence[OomRow]:
         return self.evidence.oom_reports([workload.id])
 
-    def one_process(
-        self, workload: WorkloadRow, profiles: Sequence[ProfileRow]
-    ) -> RecommendationPublic:
+    def _on_device(self, workload: WorkloadRow) -> Sequence[ProfileRow]:
+        """The workload's profiles on the question's device."""
+        return self.evidence.profiles([workload.id], device_id=self.device.id)
+
+    def one_process(self, workload: WorkloadRow) -> RecommendationPublic:
         """Measured from the current one-process profile of the pair, else estimated from
         the workload's newest fit on another device."""
         device = self.device
-        found = self._measured(workload, profiles, ONE_PROCESS, "none")
+        found = self._measured(workload, self._on_device(workload), ONE_PROCESS, "none")
         if found is not None:
             return found
         fitted = current.newest(
             p
-            for p in profiles
+            for p in self.evidence.profiles([workload.id])
             if p.workload_id == workload.id and p.fit is not None and p.fit.bytes_per_sample > 0
         )
         if fitted is None or fitted.fit is None:
@@ -236,10 +237,11 @@ class _Answering:
         measured on this device (refused where it would extrapolate); ``None`` when none
         was."""
         workload, device = self.workload, self.device
-        found = self._measured(workload, self.meant.profiles, self.mesh, self.mode)
+        on_device = self._on_device(workload)
+        found = self._measured(workload, on_device, self.mesh, self.mode)
         if found is not None:
             return found
-        shapes = current.current_per_shape(self.meant.profiles, workload.id, device.id)
+        shapes = current.current_per_shape(on_device, workload.id, device.id)
         if not shapes:
             return None
         limit = current.oom_cap(self._reports(workload), workload.id, device.id, since=None)
@@ -375,10 +377,7 @@ class _Answering:
         }
         if seq_len in members:
             member = members[seq_len]
-            meant = replace(
-                self.meant, workload=member, profiles=self.evidence.profiles([member.id])
-            )
-            at_length = replace(self, meant=meant)
+            at_length = replace(self, meant=replace(self.meant, workload=member))
             return at_length._with_length(at_length.for_workload(), "measured", [seq_len])
         return self._across_lengths(seq_len, members)
 
@@ -388,7 +387,9 @@ class _Answering:
         """Estimated from the current profile of each measured length on this device, at
         the run's mesh shape."""
         mesh = ONE_PROCESS if self.mode == "none" else self.mesh
-        profiles = self.evidence.profiles([member.id for member in members.values()])
+        profiles = self.evidence.profiles(
+            [member.id for member in members.values()], device_id=self.device.id
+        )
         measured: dict[int, ProfileRow] = {}
         for length, member in sorted(members.items()):
             found = current.current_at(profiles, member.id, self.device.id, mesh)

@@ -151,8 +151,10 @@ class Evidence(Protocol):
         """Every device whose key or name is ``reference``, oldest first."""
         ...
 
-    def profiles(self, workload_ids: Collection[int]) -> Sequence[ProfileRow]:
-        """Every profile of these workloads, on every device."""
+    def profiles(
+        self, workload_ids: Collection[int], *, device_id: int | None = None
+    ) -> Sequence[ProfileRow]:
+        """Every profile of these workloads, on every device or on ``device_id``."""
         ...
 
     def probes(self, profile_ids: Collection[int]) -> Mapping[int, Sequence[ProbeResult]]:
@@ -251,8 +253,14 @@ class MemoryEvidence:
     def devices(self, reference: str) -> Sequence[DeviceRow]:
         return [row for row in self._devices if reference in (row.key, row.name)]
 
-    def profiles(self, workload_ids: Collection[int]) -> Sequence[ProfileRow]:
-        return [row for row in self._profiles if row.workload_id in workload_ids]
+    def profiles(
+        self, workload_ids: Collection[int], *, device_id: int | None = None
+    ) -> Sequence[ProfileRow]:
+        return [
+            row
+            for row in self._profiles
+            if row.workload_id in workload_ids and device_id in (None, row.device_id)
+        ]
 
     def probes(self, profile_ids: Collection[int]) -> Mapping[int, Sequence[ProbeResult]]:
         return {i: self._probes[i] for i in profile_ids if i in self._probes}
