@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, select
+from sqlalchemy import ColumnElement, and_, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session, lazyload
@@ -51,6 +51,8 @@ def _get_or_insert(
     row = session.scalar(by_key)
     if row is not None:
         return row
+    family = values.get("length_family")
+    check_identity(session, table, key=key, name=values["name"], family=family)
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     values = {
@@ -65,6 +67,49 @@ def _get_or_insert(
     if result.rowcount:  # type: ignore[attr-defined]
         mark_changed(session)  # a new name to resolve, a new device to estimate for
     return session.scalars(by_key).one()
+
+
+def check_identity(
+    session: Session,
+    table: type[models.Workload] | type[models.Device],
+    *,
+    key: str,
+    name: str | None = None,
+    family: str | None = None,
+) -> None:
+    """Refuse a new key, name or length-family key that another row already bears in
+    another role: a reference means a key, else a name, else a family
+    (:mod:`tuner.answer.identity`), so one written in another's role could take over what
+    that reference answers."""
+    what = "workload" if table is models.Workload else "device"
+    clashes: list[tuple[str, Any]] = [
+        (
+            f"the key {key!r} is the name of another {what}",
+            and_(table.name == key, table.key != key),
+        )
+    ]
+    if name is not None and name != key:
+        clashes.append((f"the name {name!r} is the key of another {what}", table.key == name))
+    if table is models.Workload:
+        workload = models.Workload
+        clashes.append((f"the key {key!r} is a length family's key", workload.length_family == key))
+        if name is not None and name != key:
+            clashes.append(
+                (f"the name {name!r} is a length family's key", workload.length_family == name)
+            )
+        if family is not None:
+            clashes.append(
+                (
+                    f"the length family {family!r} is the key or name of a workload",
+                    or_(workload.key == family, workload.name == family),
+                )
+            )
+    for message, condition in clashes:
+        if session.scalar(select(table.id).where(condition).limit(1)) is not None:
+            raise ConflictError(
+                f"{message}: keys, names and length families must not be confused; "
+                "rename it (a key comes from `tuner profile`)"
+            )
 
 
 def upsert_device(
@@ -104,6 +149,7 @@ def upsert_workload(
     }
     workload = _get_or_insert(session, models.Workload, key, values, registered_by)
     if workload.length_family is None and info.length_family is not None:
+        check_identity(session, models.Workload, key=key, family=info.length_family)
         # Profiled at this length alone before, now as one length of a family: the same
         # key (the same shapes), which joins the family from here on.
         workload.length_family = info.length_family

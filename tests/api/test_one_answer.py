@@ -174,3 +174,40 @@ def test_a_report_naming_a_profile_of_another_workload_is_refused(http: httpx.Cl
     assert (
         http.get("/api/v1/recommendation", params=asked).json()["oom_limit"] is None
     )  # none stored
+
+
+def test_a_key_a_name_and_a_family_cannot_be_taken_for_one_another(http: httpx.Client) -> None:
+    upload(http, sample_profile(max_micro_batch_size=8))  # key "w"*24, name "gpt-test"
+    # A workload keyed as another's name: the name would answer from it.
+    forged = sample_profile(max_micro_batch_size=1, workload_key="gpt-test", workload_name="x")
+    response = http.post("/api/v1/profiles", json=forged.model_dump(mode="json"))
+    assert response.status_code == 409, response.text
+    assert "is the name of another workload" in response.json()["error"]["message"]
+    # A workload named as another's key.
+    named = sample_profile(max_micro_batch_size=1, workload_key="k" * 24, workload_name="w" * 24)
+    response = http.post("/api/v1/profiles", json=named.model_dump(mode="json"))
+    assert response.status_code == 409, response.text
+    assert "is the key of another workload" in response.json()["error"]["message"]
+    # A workload named as a length family's key, and a family keyed as a workload's name.
+    member = sample_profile(max_micro_batch_size=4, workload_key="m" * 24, workload_name="lm")
+    info = member.workload.model_copy(update={"seq_len": 64, "length_family": "f" * 24})
+    upload(http, member.model_copy(update={"workload": info}))
+    as_family = sample_profile(
+        max_micro_batch_size=1, workload_key="n" * 24, workload_name="f" * 24
+    )
+    response = http.post("/api/v1/profiles", json=as_family.model_dump(mode="json"))
+    assert response.status_code == 409, response.text
+    assert "is a length family's key" in response.json()["error"]["message"]
+    family_as_name = member.model_copy(
+        update={
+            "workload_key": "q" * 24,
+            "workload": info.model_copy(update={"length_family": "gpt-test", "seq_len": 128}),
+        }
+    )
+    response = http.post("/api/v1/profiles", json=family_as_name.model_dump(mode="json"))
+    assert response.status_code == 409, response.text
+    assert "is the key or name of a workload" in response.json()["error"]["message"]
+    # Nothing of the refused uploads was stored; the name still answers from its own row.
+    asked = {"workload": "gpt-test", "device": "cpu-test", "global_batch_size": 8}
+    assert http.get("/api/v1/recommendation", params=asked).json()["workload_key"] == "w" * 24
+    assert len(http.get("/api/v1/workloads").json()["data"]) == 2
