@@ -15,6 +15,7 @@ from api.db import Database
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit, WriteLimiter
 from api.migrate import prepare_database
+from api.openapi_ui import install as install_api_docs
 from api.routes import (
     devices,
     health,
@@ -50,6 +51,9 @@ def create_app(settings: ServiceSettings | None = None, *, prepare: bool = True)
         version=__version__,
         summary="Measured micro batch sizes and gradient-accumulation steps for PyTorch training",
         lifespan=lifespan,
+        # FastAPI's pages load Swagger UI and ReDoc from a CDN; ours ship with the package.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.db = database
@@ -68,5 +72,6 @@ def create_app(settings: ServiceSettings | None = None, *, prepare: bool = True)
     app.include_router(workers.router, prefix=API_PREFIX)
     for resource in (devices, workloads, profiles, oom_reports):
         app.include_router(resource.router, prefix=API_PREFIX)
+    install_api_docs(app)  # /docs and /redoc, offline; before the dashboard's catch-all
     install_dashboard(app)
     return app

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import platform
 import re
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 _HEADER = (
-    "# Benchmarks\n\nEach section is written by the benchmark named in it; rerun it to refresh.\n"
+    "# Benchmarks\n\nThe current result of each benchmark: the machine, the date and the command "
+    "that made it.\nEach section is written by its command; rerun it to refresh. Earlier "
+    "results, with the\nchange each measured, are in [CHANGELOG.md](CHANGELOG.md).\n"
 )
 
 
@@ -32,10 +35,33 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that is running, as a reader reruns it from the repository root."""
+    script, *arguments = sys.argv if argv is None else argv
+    path = Path(script).resolve()
+    root = BENCHMARKS_MD.parent
+    shown = path.relative_to(root).as_posix() if path.is_relative_to(root) else script
+    return " ".join([".venv/bin/python", shown, *arguments])
+
+
+def transposed_table(header: list[str], rows: list[list[str]]) -> str:
+    """A table with one row per column of ``header`` and one column per row: a long series
+    (memory after every 10,000 questions, say) in a few lines."""
+    columns = [header, *rows]
+    lines = [
+        "| " + " | ".join(column[index] for column in columns) + " |"
+        for index in range(len(header))
+    ]
+    return "\n".join([lines[0], "|" + "---|" * len(columns), *lines[1:]])
+
+
 def write_section(name: str, body: str, path: Path = BENCHMARKS_MD) -> None:
-    """Replace the section between ``<!-- begin NAME -->`` and ``<!-- end NAME -->``."""
+    """Replace the section between ``<!-- begin NAME -->`` and ``<!-- end NAME -->``, with
+    the command that made it under the section's heading."""
     text = path.read_text() if path.exists() else _HEADER
     begin, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
+    heading, _, rest = body.strip().partition("\n")
+    body = f"{heading}\n\nCommand: `{command_line()}`\n{rest}"
     section = f"{begin}\n{body.strip()}\n{end}"
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
     if pattern.search(text):

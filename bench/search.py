@@ -296,6 +296,25 @@ class CaseResult:
     prediction_row: list[str] = dataclasses.field(default_factory=list)
 
 
+def wide_replay(replay_rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """The replay as one row per workload and one column per strategy: ``median / max``
+    probes, with the budgets missed when a strategy was not exact at every one."""
+    strategies = list(dict.fromkeys(row[1] for row in replay_rows))
+    workloads = list(dict.fromkeys(row[0] for row in replay_rows))
+    cells = {(row[0], row[1]): row for row in replay_rows}
+    rows = []
+    for workload in workloads:
+        line = [workload, cells[(workload, strategies[0])][2].partition("/")[2]]
+        for strategy in strategies:
+            _, _, exact, median, most, _ = cells[(workload, strategy)]
+            found, _, total = exact.partition("/")
+            missed = "" if found == total else f", {int(total) - int(found)} missed"
+            line.append(f"{median} / {most}{missed}")
+        rows.append(line)
+    header = ["workload", "budgets", *(s.removeprefix("model, predictions ") for s in strategies)]
+    return header, rows
+
+
 def measure_case(
     case: Case, searches: dict[str, Search], curves: Path | None, *, real: bool = True
 ) -> CaseResult:
@@ -504,8 +523,31 @@ def main(argv: list[str] | None = None) -> int:
             "a fake step costs the operators' dispatch without their arithmetic, so on these "
             "small CPU models, whose arithmetic is cheap, a prediction costs from a tenth of a "
             "probe to as much as one; on a GPU workload it is the probes' compute it avoids.",
+            "### Replayed on the measured curves, every budget between consecutive sizes "
+            f"({', '.join(case.label for case in cases)})",
+            markdown_table(*wide_replay(replay_rows)),
+            "Each cell: median / max probes over the budgets; every search found the exact M* "
+            "at every budget unless the cell says how many it missed. `3% low`, `3% high` and "
+            "`5% of budget short`: `model` with its predictions made that wrong on purpose.",
+            "How the baselines fall short, as re-implemented from their documentation: "
+            "Lightning `power` keeps the last power of two that fit (up to half of M* lost); "
+            "Lightning `binsearch` finds M* with about twice the probes of `model` and then "
+            "takes 5% off; accelerate starts at 128 and shrinks by 0.9 per failure, so it "
+            "never goes above 128 and lands up to 10% low; Composer halves from the batch "
+            "size and keeps the first power-of-two fraction that fits.",
+        ]
+    )
+    # Every workload, strategy and limit: printed, not kept in BENCHMARKS.md (which holds
+    # each benchmark's current result in brief; the summary and the replay say it).
+    details = "\n\n".join(
+        [
             "### Probes per workload and strategy over its limits",
             markdown_table(["workload", "strategy", "median probes", "max probes"], workload_rows),
+            "### Replayed, each strategy's row",
+            markdown_table(
+                ["workload", "strategy", "exact", "median probes", "max probes", "mean probes"],
+                replay_rows,
+            ),
             "### Each limit (truth from probing every size)",
             markdown_table(
                 [
@@ -520,22 +562,12 @@ def main(argv: list[str] | None = None) -> int:
                 ],
                 rows,
             ),
-            "### Replayed on the measured curves, every budget between consecutive sizes "
-            f"({', '.join(case.label for case in cases)})",
-            markdown_table(
-                ["workload", "strategy", "exact", "median probes", "max probes", "mean probes"],
-                replay_rows,
-            ),
-            "How the baselines fall short, as re-implemented from their documentation: "
-            "Lightning `power` keeps the last power of two that fit (up to half of M* lost); "
-            "Lightning `binsearch` finds M* with about twice the probes of `model` and then "
-            "takes 5% off; accelerate starts at 128 and shrinks by 0.9 per failure, so it "
-            "never goes above 128 and lands up to 10% low; Composer halves from the batch "
-            "size and keeps the first power-of-two fraction that fits.",
         ]
     )
     print()
     print(body)
+    print()
+    print(details)
     if not (args.quick or args.no_write or args.only):
         write_section("search", body)
     return 0

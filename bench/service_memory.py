@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from api.cache import GenerationCache
 from api.config import ServiceSettings
-from bench.common import machine_line, markdown_table, write_section
+from bench.common import machine_line, transposed_table, write_section
 from bench.service import fill_store, start
 from tests.services import free_port
 
@@ -145,7 +145,7 @@ def measure_padded(*, quick: bool) -> None:
             f"{_counts(refused_statuses)} past it. Before answers were cached under the "
             "question, every spelling was a new cache entry of its own size: ~60 KiB a "
             "request at 63,000 bytes (127 to 402 MiB over 4,660 requests).",
-            markdown_table(["requests", "server RSS (MiB)", "status"], rows),
+            transposed_table(["requests", "server RSS (MiB)", "status"], rows),
         ]
     )
     print()
@@ -189,7 +189,7 @@ def measure_distinct(*, quick: bool) -> None:
             f"profiles; {total:,} recommendation questions, all different, 4 client "
             f"threads ({seconds:.0f} s). The answer cache keeps at most "
             f"{GenerationCache().max_entries:,} answers (least recently used go first).",
-            markdown_table(["questions asked", "server RSS (MiB)"], rows),
+            transposed_table(["questions asked", "server RSS (MiB)"], rows),
         ]
     )
     print()

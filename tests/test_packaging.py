@@ -54,9 +54,31 @@ def test_the_server_extra_installs_without_torch_and_serves(tmp_path: Path) -> N
                 time.sleep(0.2)
         assert response.status_code == 200
         assert (tmp_path / "data" / "tuner.db").exists()  # created and migrated on start
+        # /docs and /redoc are served from files the wheel carries (no CDN).
+        for path in (
+            "/docs",
+            "/redoc",
+            "/docs/assets/swagger-ui/swagger-ui-bundle.js",
+            "/docs/assets/redoc/redoc.standalone.js",
+        ):
+            assert httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5).status_code == 200, path
     finally:
         server.terminate()
         server.wait(timeout=10)
+    # Without torch, profiling says in one line which extra to install.
+    profiled = subprocess.run(
+        [str(venv / "bin" / "tuner"), "profile", "examples.gpt:workload", "--device", "cpu"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert profiled.returncode == 2, profiled.stderr
+    assert profiled.stderr.strip() == (
+        "tuner profile needs the torch extra (torch not installed): "
+        "pip install -e '.[torch]' in your clone of microbatch-tuner"
+    )
 
 
 def test_dockerfile_service_image_has_no_torch_runs_as_a_user_and_checks_health() -> None:

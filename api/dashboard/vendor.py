@@ -113,18 +113,23 @@ def refresh(specs: list[str], vendor: Path = VENDOR) -> dict[str, Any]:
     return manifest
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m api.dashboard.vendor", description=__doc__)
+def main(
+    argv: list[str] | None = None,
+    vendor: Path = VENDOR,
+    prog: str = "python -m api.dashboard.vendor",
+) -> int:
+    """The command line over ``vendor`` (``api.openapi_ui`` runs it over its own files)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     actions = parser.add_subparsers(dest="action", required=True)
     actions.add_parser("verify", help="check the vendored files against the manifest")
     update = actions.add_parser("refresh", help="download the packages again with npm pack")
     update.add_argument("specs", nargs="*", metavar="NAME@VERSION")
     args = parser.parse_args(argv)
     if args.action == "refresh":
-        manifest = refresh(args.specs)
+        manifest = refresh(args.specs, vendor)
         for package in manifest["packages"]:
             print(f"{package['package']}@{package['version']} {package['integrity']}")
-    problems = verify()
+    problems = verify(vendor)
     for problem in problems:
         print(problem, file=sys.stderr)
     return 1 if problems else 0

@@ -237,7 +237,7 @@ def test_embedded_mode_without_the_server_extra_says_how_to_install_it(tmp_path:
         "    print(exc.message)\n"
     )
     assert child.returncode == 0, child.stderr
-    assert "pip install 'microbatch-tuner[server]'" in child.stdout
+    assert "pip install -e '.[server]'" in child.stdout
     assert "sqlalchemy" in child.stdout
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tuner.core.errors import WorkloadError
+from tuner.core.extras import MissingExtraError
 from tuner.core.plan import Recommendation
 from tuner.engine.workload import load_workload
 from tuner.hf import causal_lm, sequence_classification, target_tokens, workload
@@ -185,5 +186,5 @@ def test_without_transformers_it_says_which_extra_to_install(monkeypatch) -> Non
     # transformers is installed here; hiding it from the import system is the only way to
     # see what a user without it sees.
     monkeypatch.setitem(sys.modules, "transformers", None)
-    with pytest.raises(WorkloadError, match=r"pip install 'microbatch-tuner\[hf\]'"):
+    with pytest.raises(MissingExtraError, match=r"pip install -e '\.\[hf\]'"):
         sequence_classification(config=GPT2)

@@ -16,8 +16,13 @@ from rich.console import Console
 
 from tuner.cli.commands._args import EXIT_BAD_INPUT, EXIT_FAILED
 from tuner.core.errors import BadInputError, TunerError
+from tuner.core.extras import MissingExtraError, require
 
 COMMANDS = ("profile", "db", "token", "serve", "worker", "recommend")
+# The extra each command cannot start without: checked before it runs, so a missing one is
+# one line naming the install (exit 2), not an import traceback. `tuner recommend` and
+# `tuner worker` need none to start (a database URL makes the client ask for `server`).
+COMMAND_EXTRAS = {"profile": "torch", "db": "server", "token": "server", "serve": "server"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,7 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = import_module(f"tuner.cli.commands.{args.command}")
     # Errors print with soft_wrap: one line, also on a pipe that rich would wrap at 80 columns.
     try:
+        if args.command in COMMAND_EXTRAS:
+            require(COMMAND_EXTRAS[args.command], feature=f"tuner {args.command}")
         status: int = command.run(args, stderr)
+    except MissingExtraError as exc:  # its message names what needs the extra
+        stderr.print(exc.message, highlight=False, markup=False, soft_wrap=True)
+        return EXIT_BAD_INPUT
     except BadInputError as exc:
         stderr.print(
             f"tuner {args.command}: {exc.message}", highlight=False, markup=False, soft_wrap=True

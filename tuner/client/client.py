@@ -11,7 +11,8 @@ Configured by arguments or by the environment (``TUNER_URL``, ``TUNER_TOKEN``)::
 
 The URL chooses the store behind the same methods: ``http(s)://…`` is the service's REST
 API; ``sqlite:///path`` (or ``postgresql://…``) runs the service's own store functions in
-this process, with no server (it needs ``pip install 'microbatch-tuner[server]'``).
+this process, with no server (it needs the ``server`` extra: ``pip install -e '.[server]'``
+in a clone).
 
 Answers are the service's own schemas (``api.schemas``, pydantic only); errors are the
 ``tuner.core.errors`` type the service raised, with its message. The client never crashes

@@ -20,13 +20,14 @@ from api.schemas.profiles import ProfilePublic, ProfilesPublic
 from api.schemas.workers import WorkerPublic
 from tuner.client.answer_cache import redact
 from tuner.core.errors import BadInputError
+from tuner.core.extras import install_line
 from tuner.core.wire.recommendation import RecommendationPublic
 
 __all__ = ["JobClaim", "JobPublic", "Lease", "Store", "WorkerPublic", "open_store"]
 
 HTTP_SCHEMES = ("http", "https")
 DATABASE_SCHEMES = ("sqlite", "postgresql", "postgres")
-SERVER_EXTRA = "pip install 'microbatch-tuner[server]'"
+SERVER_EXTRA = install_line("server") + " in your clone of microbatch-tuner"
 
 
 class Store(Protocol):

@@ -23,7 +23,7 @@ and ``loss_units`` counts exactly those targets, ``labels[:, 1:] != -100``; an
 encoder-decoder's is the model's own too (the mean over target tokens, no shift) and
 ``loss_units`` counts ``labels != -100``; a classifier's loss is the mean over samples.
 
-``transformers`` is an optional extra (``pip install 'microbatch-tuner[hf]'``), and so
+``transformers`` is an optional extra (``pip install -e '.[hf]'`` in a clone), and so
 is ``peft`` for LoRA adapters (``-o lora=8``): frozen base weights have no gradients and
 no optimizer state, which changes memory a lot.
 """
@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from tuner.core.errors import WorkloadError
+from tuner.core.extras import require
 from tuner.engine.workload import PRECISIONS, Workload
 
 Task = Literal["causal-lm", "sequence-classification", "seq2seq-lm", "image-classification"]
@@ -217,22 +218,16 @@ def load_config(config: str | Mapping[str, Any] | None, transformers: Any) -> An
 
 
 def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError:
-        raise WorkloadError(
-            "tuner.hf needs transformers: pip install 'microbatch-tuner[hf]'"
-        ) from None
+    require("hf", feature="tuner.hf", modules=("transformers",))
+    import transformers
+
     return transformers
 
 
 def _with_lora(model: nn.Module, rank: int) -> nn.Module:
-    try:
-        import peft
-    except ImportError:
-        raise WorkloadError(
-            "lora needs peft: pip install 'microbatch-tuner[hf]' (or pip install peft)"
-        ) from None
+    require("hf", feature="lora", modules=("peft",))
+    import peft
+
     adapters = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear")
     with warnings.catch_warnings():
         # peft reads transformers attributes that newer releases renamed: their notice.
