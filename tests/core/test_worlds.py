@@ -73,5 +73,5 @@ def test_profiles_that_cannot_be_combined_are_refused_in_one_line() -> None:
     other = measured(4).model_copy(update={"parallel": Parallel(mode="ddp")})
     with pytest.raises(BadInputError, match="differ in parallel mode"):
         fit_world_sizes([measured(2), other])
-    with pytest.raises(BadInputError, match="at least 1"):
+    with pytest.raises(BadInputError, match="world size must be a positive integer"):
         estimate_world_size([measured(1), measured(2)], 0)
