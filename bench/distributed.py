@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import machine_line, markdown_table, write_section
 from tuner.core.parallel import Parallel
 from tuner.core.results import Profile
+from tuner.core.shape import MeshShape
 from tuner.core.units import format_bytes
 from tuner.core.worlds import estimate_world_size
 from tuner.engine.backends import make_backend
@@ -164,13 +165,13 @@ def mesh_main(quick: bool) -> None:
         for (dp, tp), p in fakes.items()
     ]
     known = [p for shape, p in fakes.items() if shape != HELD_OUT]
-    world, tp = HELD_OUT[0] * HELD_OUT[1], HELD_OUT[1]
-    estimate = estimate_world_size(known, world, tp=tp)
+    mesh = MeshShape.of(*HELD_OUT)
+    estimate = estimate_world_size(known, mesh)
     measured = fakes[HELD_OUT]
     probe = measured.probe_at(measured.max_micro_batch_size)
     assert probe is not None
     assert probe.footprint_bytes
-    predicted = estimate.fit.predict(measured.max_micro_batch_size, world, tp)
+    predicted = estimate.fit.predict(measured.max_micro_batch_size, mesh)
     error = (predicted - probe.footprint_bytes) / probe.footprint_bytes
     elapsed = time.perf_counter() - started
     line = (
@@ -253,10 +254,10 @@ def main() -> None:
     fsdp = CONFIGS[3].label
     held_out = 3 if 3 in worlds else worlds[-1]
     known = [results[fsdp, w] for w in worlds if w != held_out]
-    estimate = estimate_world_size(known, held_out)
+    estimate = estimate_world_size(known, MeshShape(held_out))
     real = results[fsdp, held_out]
     real_probe = real.probe_at(real.max_micro_batch_size)
-    predicted_peak = estimate.fit.predict(real.max_micro_batch_size, held_out)
+    predicted_peak = estimate.fit.predict(real.max_micro_batch_size, MeshShape(held_out))
     peak_error = (
         (predicted_peak - real_probe.footprint_bytes) / real_probe.footprint_bytes
         if real_probe is not None and real_probe.footprint_bytes

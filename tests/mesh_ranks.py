@@ -13,7 +13,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from tuner.engine.mesh import data_parallel_rank
 from tuner.engine.workload import Workload, load_workload
 
 TP = 2
@@ -81,7 +80,7 @@ def run_mesh_rank(rank: int, world: int, port: int, out: str, scenarios: tuple[s
     try:
         for scenario in scenarios:
             workload = mesh_mlp()
-            group = data_parallel_rank(rank, workload.parallel)
+            group = workload.parallel.mesh(world).group_of(rank)
             options: dict[str, Any] = {"split": [2, 2]}
             batch = group_batch(group, padded=scenario in ("units", "sum"))
             if scenario == "units":

@@ -24,6 +24,7 @@ from api import models
 from api.store.profiles import to_result
 from tuner.core.errors import BadInputError
 from tuner.core.results import MemoryBreakdown, Profile
+from tuner.core.shape import MeshShape
 from tuner.core.worlds import WorldEstimate
 from tuner.core.worlds import estimate_world_size as at_world_size
 
@@ -173,7 +174,7 @@ def _series(
     refused: dict[int, str] = {}
     for w in range(tp, end + 1, tp):  # dp × tp ranks: multiples of tp only
         try:
-            estimate[w] = at_world_size(profiles, w, tp)
+            estimate[w] = at_world_size(profiles, MeshShape(w, tp))
         except BadInputError as exc:
             refused[w] = exc.message
     if not estimate:

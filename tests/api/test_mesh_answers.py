@@ -28,6 +28,7 @@ from tuner.client import TunerClient
 from tuner.core import worlds
 from tuner.core.errors import BadInputError, NotFoundError
 from tuner.core.parallel import SIMULATED_RANKS_NOTE
+from tuner.core.shape import MeshShape
 
 BATCH = 1024  # divisible by every dp here
 
@@ -67,7 +68,7 @@ def test_answers_by_mesh_shape_measured_estimated_refused(http: httpx.Client) ->
     fitted = [load(*shape) for shape in FITTED]
 
     # Estimated at the 2 × 2 mesh: what the core's fit says, with its error.
-    expected = worlds.estimate_world_size(fitted, 4, tp=2)
+    expected = worlds.estimate_world_size(fitted, MeshShape(4, 2))
     response = _ask(http, 4, 2)
     assert response.status_code == 200, response.text
     estimated = response.json()

@@ -25,6 +25,7 @@ from tuner.client import TunerClient
 from tuner.core import worlds
 from tuner.core.parallel import Parallel
 from tuner.core.results import Profile
+from tuner.core.shape import MeshShape
 from tuner.engine.backends import make_backend
 from tuner.engine.launch import profile_distributed
 from tuner.engine.profiler import profile_workload
@@ -140,7 +141,7 @@ def test_three_ranks_are_estimated_from_the_profiles_at_two_and_four(
     measured: Measured,
 ) -> None:
     answer = _rest(measured, global_batch_size=36, world_size=3, parallel="ddp")
-    expected = worlds.estimate_world_size([measured.ddp2, measured.ddp4], 3)
+    expected = worlds.estimate_world_size([measured.ddp2, measured.ddp4], MeshShape(3))
     assert answer["basis"] == "estimated"
     assert answer["based_on_profiles"] == [measured.ddp2_id, measured.ddp4_id]
     assert answer["max_micro_batch_size"] == expected.max_micro_batch_size

@@ -6,16 +6,18 @@ import io
 
 from rich.console import Console
 
-from tuner.cli.display import LiveProgress, print_profile, probe_line, probe_table
+from tuner.cli.display import LiveProgress, print_profile, probe_line, probe_table, rank_table
 from tuner.core.plan import recommend
 from tuner.core.results import (
     AffineFit,
     DeviceInfo,
+    MemoryBreakdown,
     ProbeResult,
     ProbeSettings,
     Profile,
     WorkloadInfo,
 )
+from tuner.core.shape import MeshShape
 
 FITS = ProbeResult(
     micro_batch_size=8,
@@ -136,3 +138,17 @@ def test_print_profile_marks_an_answer_bound_by_the_cap() -> None:
     text = buffer.getvalue()
     assert "largest micro batch that fits: 8 (the --max cap)" in text
     assert "fit " not in text  # no fit line without a fit
+
+
+def test_the_rank_table_places_each_rank_on_its_mesh() -> None:
+    parts = MemoryBreakdown(
+        parameters_bytes=1, gradients_bytes=1, optimizer_state_bytes=2, activations_bytes=4
+    )
+    probe = FITS.model_copy(
+        update={"rank_peaks_bytes": [2**20] * 4, "rank_breakdowns": [parts] * 4}
+    )
+    text = render(rank_table(probe, MeshShape(4, 2)))
+    for label in ("0 (dp 0, tp 0)", "1 (dp 0, tp 1)", "2 (dp 1, tp 0)", "3 (dp 1, tp 1)"):
+        assert label in text
+    flat = render(rank_table(probe, MeshShape(4)))
+    assert "(dp" not in flat

@@ -9,7 +9,9 @@ import pytest
 from tests.api.documents import MiB, profile_with_peaks
 from tuner.core.errors import BadInputError
 from tuner.core.lengths import EXTRAPOLATION, estimate_length, fit_lengths
+from tuner.core.parallel import Parallel
 from tuner.core.results import Profile
+from tuner.core.shape import MeshShape
 
 FIXED, PER_POSITION, PER_TOKEN, PER_PAIR = 30 * MiB, 4096, 2048, 24
 BUDGET = int(0.95 * 400 * MiB) - 12_345  # no size lands exactly on it
@@ -95,3 +97,17 @@ def test_lengths_too_far_from_the_measured_ones_are_refused_in_one_line() -> Non
         fit_lengths([(1, 128, 10), (2, 128, 20)])
     with pytest.raises(BadInputError, match="one sequence length per profile"):
         estimate_length(profiles, [128], 200)
+
+
+def test_profiles_at_two_mesh_shapes_of_one_world_size_are_not_fitted_together() -> None:
+    # Four ranks as 4 × 1 and as 2 × 2 hold different shares of the model: one length fit
+    # across them would mix two curves. The world size alone cannot tell them apart.
+    flat = Parallel(mode="fsdp", tp_plan="llama")
+    mesh = Parallel(mode="fsdp", tp=2, tp_plan="llama")
+    profiles = [
+        measured(128).model_copy(update={"world_size": 4, "parallel": flat}),
+        measured(256).model_copy(update={"world_size": 4, "parallel": mesh}),
+    ]
+    assert [p.mesh for p in profiles] == [MeshShape(4), MeshShape(4, 2)]
+    with pytest.raises(BadInputError, match="differ in device, budget or mesh shape"):
+        estimate_length(profiles, [128, 256], 200)

@@ -20,13 +20,13 @@ import pytest
 
 from tuner.core.errors import BadInputError
 from tuner.core.results import Profile
+from tuner.core.shape import MeshShape
 from tuner.core.worlds import (
     TERMS,
     estimate_world_size,
     fit_world_sizes,
     near_boundary,
     separable_terms,
-    shape_of,
 )
 
 MESH = Path(__file__).resolve().parents[1] / "data" / "mesh"
@@ -56,8 +56,14 @@ def held_out() -> Profile:
 def test_the_profiles_are_one_workload_measured_by_simulated_ranks(
     fitted: list[Profile], held_out: Profile
 ) -> None:
-    assert sorted(shape_of(p) for p in fitted) == [(1, 4), (2, 4), (4, 1), (4, 2), (8, 1)]
-    assert shape_of(held_out) == (2, 2)
+    assert sorted(p.mesh for p in fitted) == [
+        MeshShape(4, 1),
+        MeshShape(4, 4),
+        MeshShape(8, 1),
+        MeshShape(8, 2),
+        MeshShape(8, 4),
+    ]
+    assert held_out.mesh == MeshShape.of(2, 2)
     assert {p.workload_key for p in [*fitted, held_out]} == {held_out.workload_key}
     assert all(p.settings.simulated_ranks for p in [*fitted, held_out])
 
@@ -67,7 +73,9 @@ def test_the_held_out_2x2_mesh_is_estimated_within_2_percent_never_above_its_m_s
 ) -> None:
     fit = fit_world_sizes(fitted)
     assert fit.terms == list(TERMS)  # five shapes separate every term
-    assert fit.shapes == [(1, 4), (2, 4), (4, 1), (4, 2), (8, 1)]
+    assert fit.shapes == [
+        MeshShape.of(dp, tp) for dp, tp in [(1, 4), (2, 4), (4, 1), (4, 2), (8, 1)]
+    ]
     near = [
         probe
         for probe in held_out.probes
@@ -76,12 +84,13 @@ def test_the_held_out_2x2_mesh_is_estimated_within_2_percent_never_above_its_m_s
     ]
     assert len(near) >= 2
     for probe in near:  # every measured peak near the held-out M*
-        predicted = fit.predict(probe.micro_batch_size, 4, tp=2)
+        predicted = fit.predict(probe.micro_batch_size, MeshShape(4, 2))
         assert predicted == pytest.approx(probe.footprint_bytes, rel=0.02)
 
-    estimate = estimate_world_size(fitted, 4, tp=2)
+    estimate = estimate_world_size(fitted, MeshShape(4, 2))
     assert estimate.basis == "estimated"
-    assert estimate.shape == (2, 2)
+    assert estimate.mesh == MeshShape.of(2, 2)
+    # The wire's two integers (api/ passes them) are the same question.
     assert 1 <= estimate.max_micro_batch_size <= held_out.max_micro_batch_size
     assert estimate.max_micro_batch_size >= 0.95 * held_out.max_micro_batch_size
     # Its expected peak, at the size it answers, within 2% of what the 2 × 2 mesh measured
@@ -93,7 +102,7 @@ def test_the_held_out_2x2_mesh_is_estimated_within_2_percent_never_above_its_m_s
     assert estimate.expected_peak_bytes == pytest.approx(at.footprint_bytes, rel=0.02)
     assert estimate.expected_peak_bytes <= held_out.budget_bytes
     # Ceiling: the nearest shape larger in both dimensions, (4, 2) or (2, 4).
-    assert estimate.ceiling_shape in [(4, 2), (2, 4)]
+    assert estimate.ceiling_shape in [MeshShape.of(4, 2), MeshShape.of(2, 4)]
     assert "2 × 2 mesh" in estimate.describe()
     assert "mesh shapes" in estimate.describe()
 
@@ -101,11 +110,11 @@ def test_the_held_out_2x2_mesh_is_estimated_within_2_percent_never_above_its_m_s
 def test_a_measured_shape_answers_with_its_own_profile(
     fitted: list[Profile], held_out: Profile
 ) -> None:
-    answer = estimate_world_size([*fitted, held_out], 4, tp=2)
+    answer = estimate_world_size([*fitted, held_out], MeshShape(4, 2))
     assert answer.basis == "measured"
     assert answer.max_micro_batch_size == held_out.max_micro_batch_size
     # The same world size without a mesh is another shape: (4, 1), measured too.
-    flat = estimate_world_size([*fitted, held_out], 4)
+    flat = estimate_world_size([*fitted, held_out], MeshShape(4))
     assert flat.basis == "measured"
     assert flat.max_micro_batch_size == load(4, 1).max_micro_batch_size
 
@@ -125,7 +134,7 @@ def test_extrapolation_is_refused_in_one_line(
     fitted: list[Profile], world_size: int, tp: int, message: str
 ) -> None:
     with pytest.raises(BadInputError, match=message) as raised:
-        estimate_world_size(fitted, world_size, tp)
+        estimate_world_size(fitted, MeshShape(world_size, tp))
     assert "\n" not in str(raised.value)
 
 
@@ -145,7 +154,10 @@ def test_terms_are_only_those_the_shapes_separate(fitted: list[Profile]) -> None
     # One tp (4), two world sizes: no m/tp, 1/tp or 1/dp apart from m, 1 and 1/W.
     one_tp = [load(4, 4), load(8, 4)]
     assert fit_world_sizes(one_tp).terms == ["fixed_bytes", "per_sample_bytes", "sharded_bytes"]
-    assert separable_terms([(1, 4, 1), (2, 4, 1)]) == [0, 1]  # one shape: 1 and m only
+    assert separable_terms([(1, MeshShape(4)), (2, MeshShape(4))]) == [
+        0,
+        1,
+    ]  # one shape: 1 and m only
 
 
 def test_without_a_mesh_the_answer_is_what_it_was(fitted: list[Profile]) -> None:
@@ -155,13 +167,13 @@ def test_without_a_mesh_the_answer_is_what_it_was(fitted: list[Profile]) -> None
         assert phase.per_sample_split_bytes == phase.gathered_bytes == 0.0
         assert phase.dp_sharded_bytes == 0.0
     # Above every measured world size the largest one caps it, as before (no refusal).
-    above = estimate_world_size(flat, 16)
+    above = estimate_world_size(flat, MeshShape(16))
     assert above.max_micro_batch_size <= load(8, 1).max_micro_batch_size
     assert above.describe().startswith(f"M* {above.max_micro_batch_size} at world size 16")
     assert "estimated from world sizes 4, 8" in above.describe()
     # Below the measured dp on a mesh: refused (it would extrapolate upwards in memory).
     with pytest.raises(BadInputError, match=r"outside the measured dp 2\.\.4"):
-        estimate_world_size([load(8, 4), load(8, 2)], 4, tp=4)
+        estimate_world_size([load(8, 4), load(8, 2)], MeshShape(4, 4))
     # A mesh asked of profiles without one would extrapolate in tp.
     with pytest.raises(BadInputError, match="outside the measured"):
-        estimate_world_size(flat, 8, tp=2)
+        estimate_world_size(flat, MeshShape(8, 2))

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tuner.core.errors import BadInputError
+from tuner.core.parallel import Parallel
 from tuner.core.shape import ONE_PROCESS, MeshShape
 
 
@@ -56,3 +57,31 @@ def test_global_batch_is_per_group_batch_times_dp(dp: int, tp: int, per_group: i
     mesh = MeshShape.of(dp, tp)
     assert mesh.world_size == dp * tp
     assert mesh.per_group_batch(per_group * dp) == per_group
+
+
+def test_a_ranks_place_is_its_group_and_its_tp_rank() -> None:
+    mesh = MeshShape(8, 2)
+    assert [mesh.coordinates(r) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [mesh.group_of(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert list(mesh.ranks_of(3)) == [6, 7]
+    # Without a mesh every rank is a group of its own.
+    assert [MeshShape(4).group_of(r) for r in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(BadInputError, match="rank 8 is not one of the 8 ranks of 4 × 2 mesh"):
+        mesh.group_of(8)
+    with pytest.raises(BadInputError, match="group 4 is not one of the 4"):
+        mesh.ranks_of(4)
+
+
+@given(dp=st.integers(1, 16), tp=st.integers(1, 8), data=st.data())
+def test_the_ranks_of_a_group_are_those_it_is_the_group_of(dp: int, tp: int, data) -> None:
+    mesh = MeshShape.of(dp, tp)
+    group = data.draw(st.integers(0, dp - 1))
+    assert [mesh.group_of(r) for r in mesh.ranks_of(group)] == [group] * tp
+
+
+def test_a_profile_and_a_parallel_spec_name_their_mesh() -> None:
+    spec = Parallel(mode="fsdp", tp=2, tp_plan="llama")
+    assert spec.mesh(8) == MeshShape.of(4, 2)
+    with pytest.raises(BadInputError, match="world size 6 is not a multiple of tp 4"):
+        Parallel(mode="fsdp", tp=4, tp_plan="llama").mesh(6)
+    assert Parallel().mesh(1) == ONE_PROCESS

@@ -9,6 +9,7 @@ from tests.api.documents import MiB, profile_with_peaks
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import Parallel
 from tuner.core.results import Profile
+from tuner.core.shape import MeshShape
 from tuner.core.worlds import estimate_world_size, fit_world_sizes
 
 FIXED, SLOPE, SHARDED = 20 * MiB, 2 * MiB, 120 * MiB
@@ -42,7 +43,7 @@ def test_exact_peaks_give_the_terms_and_the_exact_m_star_between_measured_sizes(
     assert phase.per_sample_bytes == pytest.approx(SLOPE, rel=1e-6)
     assert phase.sharded_bytes == pytest.approx(SHARDED, rel=1e-6)
     assert fit.max_relative_error < 1e-6
-    estimate = estimate_world_size(profiles, 3)
+    estimate = estimate_world_size(profiles, MeshShape(3))
     assert estimate.max_micro_batch_size == true_max(3)
     assert estimate.basis == "estimated"
     assert estimate.based_on == [1, 2, 4]
@@ -52,7 +53,7 @@ def test_exact_peaks_give_the_terms_and_the_exact_m_star_between_measured_sizes(
 @pytest.mark.parametrize("noise", [0.002, 0.01])
 def test_with_noise_the_answer_is_exact_or_below_never_above(noise: float) -> None:
     profiles = [measured(1, noise), measured(2, noise), measured(4, noise)]
-    estimate = estimate_world_size(profiles, 3)
+    estimate = estimate_world_size(profiles, MeshShape(3))
     assert true_max(3) - 2 <= estimate.max_micro_batch_size <= true_max(3)
     assert estimate.fit.max_relative_error == pytest.approx(noise, rel=0.5)
 
@@ -60,9 +61,9 @@ def test_with_noise_the_answer_is_exact_or_below_never_above(noise: float) -> No
 def test_never_above_what_was_measured_to_fit_at_the_next_larger_world_size() -> None:
     profiles = [measured(1), measured(2)]
     # Above every measured size, the largest one that ran is the ceiling.
-    assert estimate_world_size(profiles, 8).max_micro_batch_size == true_max(2)
+    assert estimate_world_size(profiles, MeshShape(8)).max_micro_batch_size == true_max(2)
     # A measured world size is answered by its own profile.
-    same = estimate_world_size(profiles, 1)
+    same = estimate_world_size(profiles, MeshShape(1))
     assert same.max_micro_batch_size == true_max(1)
     assert same.basis == "measured"
 
@@ -73,5 +74,5 @@ def test_profiles_that_cannot_be_combined_are_refused_in_one_line() -> None:
     other = measured(4).model_copy(update={"parallel": Parallel(mode="ddp")})
     with pytest.raises(BadInputError, match="differ in parallel mode"):
         fit_world_sizes([measured(2), other])
-    with pytest.raises(BadInputError, match="at least 1"):
-        estimate_world_size([measured(1), measured(2)], 0)
+    with pytest.raises(BadInputError, match="world size must be a positive integer"):
+        estimate_world_size([measured(1), measured(2)], MeshShape(0))

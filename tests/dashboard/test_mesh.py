@@ -18,6 +18,7 @@ from tests.dashboard.data import store
 from tests.dashboard.test_world_sizes import drawn
 from tuner.core.errors import BadInputError
 from tuner.core.results import Profile
+from tuner.core.shape import MeshShape
 from tuner.core.worlds import estimate_world_size as at_world_size
 
 # (W, tp), stored in this order: the 2 × 2 mesh is the newest.
@@ -31,7 +32,7 @@ def _store_each(database: Database, profiles: list[Profile]) -> list[int]:
 
 def _estimated(profiles: list[Profile], world_size: int, tp: int) -> int | None:
     try:
-        return at_world_size(profiles, world_size, tp).max_micro_batch_size
+        return at_world_size(profiles, MeshShape(world_size, tp)).max_micro_batch_size
     except BadInputError:
         return None
 

@@ -18,6 +18,7 @@ from tests.dashboard.data import T0, store
 from tuner.core import worlds
 from tuner.core.parallel import Parallel
 from tuner.core.results import MemoryBreakdown, Profile
+from tuner.core.shape import MeshShape
 
 DDP_KEY = "ddp".ljust(24, "w")
 
@@ -91,9 +92,15 @@ def test_m_star_against_world_size_per_mode_with_ranks(
     assert series["ddp-measured"] == [
         {2: two.max_micro_batch_size, 4: four.max_micro_batch_size}.get(w) for w in xs
     ]
-    expected = [worlds.estimate_world_size([two, four], w).max_micro_batch_size for w in xs]
+    expected = [
+        worlds.estimate_world_size([two, four], MeshShape(w)).max_micro_batch_size for w in xs
+    ]
     assert series["ddp-estimated"] == expected
-    assert expected[2] == worlds.estimate_world_size([two, four], 3).max_micro_batch_size >= 1
+    assert (
+        expected[2]
+        == worlds.estimate_world_size([two, four], MeshShape(3)).max_micro_batch_size
+        >= 1
+    )
 
     # Each rank's peak and breakdown at M*, for each world size measured.
     table = page.locator("table.ranks[data-mode=ddp][data-world-size='4']")

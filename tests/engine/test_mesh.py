@@ -19,6 +19,7 @@ from tests.helpers import run_tuner, subprocess_env
 from tuner.core.errors import BadInputError, WorkloadError
 from tuner.core.parallel import Parallel, parse_parallel
 from tuner.core.results import ProbeResult, ProbeSettings, Profile
+from tuner.core.shape import MeshShape
 from tuner.engine.backends import make_backend
 from tuner.engine.fake_world import (
     fake_process_group,
@@ -310,9 +311,9 @@ def test_the_mesh_options_are_checked_where_they_are_parsed() -> None:
         parse_parallel("fsdp", ["tp=2"])
     with pytest.raises(BadInputError, match="unknown tp_plan 'megatron'"):
         parse_parallel("fsdp", ["tp_plan=megatron"])
-    assert parse_parallel("fsdp", ["tp=2", "tp_plan=llama"]).mesh_shape(8) == (4, 2)
+    assert parse_parallel("fsdp", ["tp=2", "tp_plan=llama"]).mesh(8) == MeshShape.of(4, 2)
     with pytest.raises(BadInputError, match="not a multiple of tp 4"):
-        _mesh(4).data_parallel_size(6)
+        _mesh(4).mesh(6)
     # The plan is in the key; the degree is a shape and is not.
     assert _mesh(2).memory_fields() == _mesh(4).memory_fields()
     assert "tp_plan" in _mesh(2).memory_fields()

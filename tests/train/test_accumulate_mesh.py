@@ -27,7 +27,6 @@ from tests.mesh_ranks import (
     token_units,
 )
 from tests.services import free_port
-from tuner.engine.mesh import data_parallel_rank
 
 WORLD = 4
 TIMEOUT_S = 240  # a rank stuck in a collective fails the test instead of hanging it
@@ -52,7 +51,7 @@ def _one_process(scenario: str) -> dict[str, Any]:
     workload = mesh_mlp()
     model = copy.deepcopy(workload.model)
     padded = scenario in ("units", "sum")
-    groups = [group_batch(g, padded=padded) for g in range(WORLD // 2)]
+    groups = [group_batch(g, padded=padded) for g in range(workload.parallel.mesh(WORLD).dp)]
     joined = tuple(torch.cat(parts) for parts in zip(*groups, strict=True))
     if scenario == "sum":
         total, units = summed_loss(model, joined)
@@ -94,7 +93,7 @@ def test_one_step_on_the_mesh_equals_one_process_on_the_global_batch(ranks, scen
         assert got["error"] is None
         _assert_close(got["grads"], expected["grads"])
         _assert_close(got["params"], expected["params"])
-        group = data_parallel_rank(rank, parallel)
+        group = parallel.mesh(WORLD).group_of(rank)
         # A rank reports its group's batch: the units it trained on, not the world's.
         assert got["units"] == expected["group_units"][group]
         if expected["group_losses"][group] is not None:
@@ -120,4 +119,4 @@ def test_tensor_parallel_ranks_given_different_samples_are_refused_on_every_rank
         error = result["mismatch"]["error"]
         assert error is not None
         assert "tensor-parallel ranks of data-parallel group(s) [0, 1]" in error
-        assert "DistributedSampler(num_replicas=2, rank=rank // 2)" in error
+        assert "DistributedSampler(num_replicas=2, rank=MeshShape(4, 2).group_of(rank))" in error

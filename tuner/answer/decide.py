@@ -269,7 +269,7 @@ class _Answering:
         asked = self.mesh
         if len(shapes) >= 2:
             profiles = self._as_profiles(shapes)
-            found = worlds.estimate_world_size(profiles, asked.world_size, asked.tp)
+            found = worlds.estimate_world_size(profiles, asked)
             if found.max_micro_batch_size < 1:
                 meshes = [row.mesh for row in shapes]
                 words = (

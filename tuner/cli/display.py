@@ -111,7 +111,7 @@ def ranks_line(profile: Profile, mesh: MeshShape = ONE_PROCESS) -> str:
     return "measured in one process"
 
 
-def rank_table(probe: ProbeResult, tp: int = 1) -> Table:
+def rank_table(probe: ProbeResult, mesh: MeshShape = ONE_PROCESS) -> Table:
     """Each rank's peak and where it went, for the probe at ``M*``; on a mesh, each rank's
     place in it (data-parallel group, tensor-parallel rank)."""
     table = Table(title=f"Per rank at micro batch {probe.micro_batch_size}", title_justify="left")
@@ -121,8 +121,9 @@ def rank_table(probe: ProbeResult, tp: int = 1) -> Table:
     for rank, (peak, parts) in enumerate(
         zip(probe.rank_peaks_bytes, probe.rank_breakdowns, strict=False)
     ):
+        group, tp_rank = mesh.coordinates(rank)
         table.add_row(
-            f"{rank} (dp {rank // tp}, tp {rank % tp})" if tp > 1 else str(rank),
+            f"{rank} (dp {group}, tp {tp_rank})" if mesh.is_mesh else str(rank),
             format_bytes(peak),
             format_bytes(parts.parameters_bytes),
             format_bytes(parts.gradients_bytes),
@@ -137,15 +138,15 @@ def mesh_savings(profile: Profile, parts: MemoryBreakdown) -> str:
     """What the mesh saved a rank: its parameters against the whole model's (fp32: 4 B a
     parameter), and the split that accounts for it: ``dp·tp`` for the layers the plan
     splits, ``dp`` for the rest."""
-    dp, tp = profile.parallel.mesh_shape(profile.world_size)
+    mesh = profile.mesh
     whole = profile.workload.parameter_count * 4
     held = parts.parameters_bytes
     share = f" (1/{whole / held:.1f})" if held else ""
     return (
-        f"mesh      {dp} × {tp}: parameters {format_bytes(held)} a rank of "
+        f"mesh      {mesh.dp} × {mesh.tp}: parameters {format_bytes(held)} a rank of "
         f"{format_bytes(whole)} whole{share}; gradients and optimizer state shard alike: "
-        f"÷{dp * tp} for the layers the tp plan splits, ÷{dp} for the rest; the split "
-        f"layers' activations ÷{tp}"
+        f"÷{mesh.world_size} for the layers the tp plan splits, ÷{mesh.dp} for the rest; "
+        f"the split layers' activations ÷{mesh.tp}"
     )
 
 
@@ -253,7 +254,7 @@ def print_profile(
     console.print(probe_table(profile.probes, title=f"Probes ({profile.strategy} search)"))
     at_max = profile.probe_at(profile.max_micro_batch_size)
     if at_max is not None and at_max.rank_breakdowns:
-        console.print(rank_table(at_max, profile.parallel.tp if profile.parallel.has_mesh else 1))
+        console.print(rank_table(at_max, profile.mesh))
     if at_max is not None and at_max.breakdown is not None and profile.parallel.has_mesh:
         console.print(mesh_savings(profile, at_max.breakdown), highlight=False)
     located = at_max or profile.oversize_probe

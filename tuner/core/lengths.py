@@ -212,12 +212,13 @@ def estimate_length(
 def _check_comparable(profiles: Sequence[Profile]) -> None:
     first = profiles[0]
     for profile in profiles[1:]:
-        if (profile.device_key, profile.budget_bytes, profile.world_size) != (
+        if (profile.device_key, profile.budget_bytes, profile.mesh) != (
             first.device_key,
             first.budget_bytes,
-            first.world_size,
+            first.mesh,
         ):
             raise BadInputError(
-                "the profiles differ in device, budget or world size: estimate across "
-                "lengths from profiles of one workload on one device"
+                "the profiles differ in device, budget or mesh shape (world size, tp): "
+                "estimate across lengths from profiles of one workload on one device and "
+                "one shape"
             )

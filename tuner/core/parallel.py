@@ -30,6 +30,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tuner.core.errors import BadInputError
+from tuner.core.shape import MeshShape
 
 ParallelMode = Literal["none", "ddp", "fsdp"]
 PARALLEL_MODES: tuple[str, ...] = get_args(ParallelMode)
@@ -126,18 +127,10 @@ class Parallel(BaseModel):
         """Whether the model is split by a tensor-parallel plan (on a 2-D mesh)."""
         return self.tp_plan is not None
 
-    def data_parallel_size(self, world_size: int) -> int:
-        """``world_size / tp``: the ranks that see different samples (the mesh's ``dp``)."""
-        if world_size % self.tp:
-            raise BadInputError(
-                f"world size {world_size} is not a multiple of tp {self.tp}: the mesh is "
-                "(world_size / tp) × tp ranks"
-            )
-        return world_size // self.tp
-
-    def mesh_shape(self, world_size: int) -> tuple[int, int]:
-        """``(dp, tp)``."""
-        return self.data_parallel_size(world_size), self.tp
+    def mesh(self, world_size: int) -> MeshShape:
+        """``world_size`` ranks of this spec as ``dp × tp`` (refused where ``tp`` does not
+        divide them)."""
+        return MeshShape(world_size, self.tp)
 
     @property
     def zero_grad_set_to_none(self) -> bool:
@@ -180,11 +173,12 @@ SIMULATED_RANKS_NOTE = (
 
 
 def mesh_text(parallel: Parallel, world_size: int) -> str:
-    """``2 × 2 mesh (dp × tp)`` on a mesh; ``""`` otherwise."""
-    if not parallel.has_mesh or world_size % parallel.tp:
+    """``2 × 2 mesh (dp × tp)`` where a plan splits the model (tp 1 included); ``""``
+    otherwise."""
+    if not parallel.has_mesh:
         return ""
-    dp, tp = parallel.mesh_shape(world_size)
-    return f"{dp} × {tp} mesh (dp × tp)"
+    mesh = parallel.mesh(world_size)
+    return f"{mesh.dp} × {mesh.tp} mesh (dp × tp)"
 
 
 def parse_parallel(mode: str, pairs: list[str], base: Parallel | None = None) -> Parallel:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 
 from tuner.core.least_squares import fit_linear
 from tuner.core.parallel import Parallel
+from tuner.core.shape import MeshShape
 
 # A workload option's value, as `-o name=value` parses it.
 VariantValue = str | int | float | bool | None
@@ -261,6 +262,12 @@ class Profile(_Frozen):
     @property
     def steps_run(self) -> int:
         return sum(p.steps_run for p in self.probes)
+
+    @property
+    def mesh(self) -> MeshShape:
+        """The ranks the probes ran on, as ``dp × tp`` (the wire keeps ``world_size`` and
+        ``parallel.tp``)."""
+        return self.parallel.mesh(self.world_size)
 
     def probe_at(self, micro_batch_size: int) -> ProbeResult | None:
         """The last probe that ran at this size."""

@@ -73,6 +73,26 @@ class MeshShape:
             )
         return global_batch_size // self.dp
 
+    def coordinates(self, rank: int) -> tuple[int, int]:
+        """``(group, tp rank)`` of ``rank``: the ``tp`` ranks of a group are adjacent, so
+        rank ``r`` is tensor-parallel rank ``r mod tp`` of data-parallel group ``⌊r / tp⌋``."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise BadInputError(
+                f"rank {rank!r} is not one of the {self.world_size} ranks of {self.where()}"
+            )
+        return divmod(rank, self.tp)
+
+    def group_of(self, rank: int) -> int:
+        """The data-parallel group of ``rank``: the samples it draws (``make_batch(n,
+        rank=group)``, ``DistributedSampler(num_replicas=dp, rank=group)``)."""
+        return self.coordinates(rank)[0]
+
+    def ranks_of(self, group: int) -> range:
+        """The ranks of data-parallel group ``group``."""
+        if isinstance(group, bool) or not isinstance(group, int) or not 0 <= group < self.dp:
+            raise BadInputError(f"group {group!r} is not one of the {self.dp} of {self.where()}")
+        return range(group * self.tp, (group + 1) * self.tp)
+
     def bounds(self, other: MeshShape) -> bool:
         """Whether a rank at this shape holds at least what a rank at ``other`` holds:
         ``dp`` and ``tp`` both no larger here (a rank's memory does not grow with either,

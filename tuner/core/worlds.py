@@ -56,6 +56,7 @@ from tuner.core.errors import BadInputError
 from tuner.core.least_squares import fit_linear, relative_weights
 from tuner.core.plan import Basis
 from tuner.core.results import Profile
+from tuner.core.shape import ONE_PROCESS, MeshShape
 
 # The fit's terms in order of preference: each enters when the measured points can tell
 # it from those before it. Names are PhaseFit's fields.
@@ -69,15 +70,14 @@ TERMS: tuple[str, ...] = (
 )
 
 
-def _term_values(m: int, world_size: int, tp: int) -> tuple[Fraction, ...]:
-    dp = world_size // tp
+def _term_values(m: int, mesh: MeshShape) -> tuple[Fraction, ...]:
     return (
         Fraction(1),
         Fraction(m),
-        Fraction(1, world_size),
-        Fraction(m, tp),
-        Fraction(1, tp),
-        Fraction(1, dp),
+        Fraction(1, mesh.world_size),
+        Fraction(m, mesh.tp),
+        Fraction(1, mesh.tp),
+        Fraction(1, mesh.dp),
     )
 
 
@@ -95,20 +95,19 @@ class PhaseFit(BaseModel):
     gathered_bytes: float = 0.0
     dp_sharded_bytes: float = 0.0
 
-    def predict(self, micro_batch_size: int, world_size: int, tp: int = 1) -> float:
-        dp = world_size / tp
+    def predict(self, micro_batch_size: int, mesh: MeshShape) -> float:
         return (
             self.fixed_bytes
             + self.per_sample_bytes * micro_batch_size
-            + self.per_sample_split_bytes * micro_batch_size / tp
-            + self.sharded_bytes / world_size
-            + self.gathered_bytes / tp
-            + self.dp_sharded_bytes / dp
+            + self.per_sample_split_bytes * micro_batch_size / mesh.tp
+            + self.sharded_bytes / mesh.world_size
+            + self.gathered_bytes / mesh.tp
+            + self.dp_sharded_bytes / mesh.dp
         )
 
-    def per_sample_at(self, tp: int = 1) -> float:
-        """Bytes per sample on a rank of a mesh with ``tp`` tensor-parallel ranks."""
-        return self.per_sample_bytes + self.per_sample_split_bytes / tp
+    def per_sample_at(self, mesh: MeshShape = ONE_PROCESS) -> float:
+        """Bytes per sample on a rank of ``mesh``."""
+        return self.per_sample_bytes + self.per_sample_split_bytes / mesh.tp
 
 
 class WorldFit(BaseModel):
@@ -123,62 +122,55 @@ class WorldFit(BaseModel):
     points: int
     world_sizes: list[int]
     max_relative_error: float
-    # The measured (dp, tp) shapes and the terms the fit could separate.
-    shapes: list[tuple[int, int]] = []
+    # The measured shapes (by dp, then tp) and the terms the fit could separate.
+    shapes: list[MeshShape] = []
     terms: list[str] = []
 
-    def predict(self, micro_batch_size: int, world_size: int, tp: int = 1) -> float:
-        peak = max(fit.predict(micro_batch_size, world_size, tp) for fit in self.phases.values())
+    def predict(self, micro_batch_size: int, mesh: MeshShape) -> float:
+        peak = max(fit.predict(micro_batch_size, mesh) for fit in self.phases.values())
         return peak + self.overhead_bytes
 
     @property
     def per_sample_bytes(self) -> float:
-        return self.per_sample_at(1)
+        return self.per_sample_at(ONE_PROCESS)
 
-    def per_sample_at(self, tp: int = 1) -> float:
-        """The steepest phase's bytes per sample with ``tp`` tensor-parallel ranks."""
-        return max(fit.per_sample_at(tp) for fit in self.phases.values())
+    def per_sample_at(self, mesh: MeshShape = ONE_PROCESS) -> float:
+        """The steepest phase's bytes per sample on a rank of ``mesh``."""
+        return max(fit.per_sample_at(mesh) for fit in self.phases.values())
 
     @property
     def has_mesh(self) -> bool:
-        return any(tp > 1 for _, tp in self.shapes)
+        return any(shape.is_mesh for shape in self.shapes)
 
 
 class WorldEstimate(BaseModel):
-    """The largest micro batch expected to fit at ``world_size`` (a mesh of
-    ``world_size / tp × tp``), and what it rests on."""
+    """The largest micro batch expected to fit on a rank of ``mesh``, and what it rests on."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    world_size: int
+    mesh: MeshShape
     max_micro_batch_size: int
     expected_peak_bytes: int
     fit: WorldFit
     based_on: list[int]  # the world sizes of the profiles used
     basis: Basis = "estimated"
-    tp: int = 1
-    # The (dp, tp) shapes of the profiles used, and the one whose M* is the ceiling.
-    based_on_shapes: list[tuple[int, int]] = []
-    ceiling_shape: tuple[int, int] | None = None
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """``(dp, tp)``."""
-        return self.world_size // self.tp, self.tp
+    # The shapes of the profiles used, and the one whose M* is the ceiling.
+    based_on_shapes: list[MeshShape] = []
+    ceiling_shape: MeshShape | None = None
 
     def where(self) -> str:
-        """``world size 4``, or ``a 2 × 2 mesh (dp × tp)``."""
-        if self.tp == 1 and not self.fit.has_mesh:
-            return f"world size {self.world_size}"
-        dp, tp = self.shape
-        return f"a {dp} × {tp} mesh (dp × tp)"
+        """``world size 4``, or ``a 2 × 2 mesh (dp × tp)`` (``a 4 × 1 mesh`` too, where the
+        fit rests on meshes)."""
+        if not (self.mesh.is_mesh or self.fit.has_mesh):
+            return self.mesh.where()
+        return f"a {self.mesh.dp} × {self.mesh.tp} mesh (dp × tp)"
 
     def describe(self) -> str:
         where = self.where()
         if self.basis == "measured":
             return f"M* {self.max_micro_batch_size} at {where} (measured)"
-        if self.fit.has_mesh or self.tp > 1:
-            sources = "mesh shapes " + ", ".join(f"{d} × {t}" for d, t in self.based_on_shapes)
+        if self.fit.has_mesh or self.mesh.is_mesh:
+            sources = "mesh shapes " + ", ".join(f"{s.dp} × {s.tp}" for s in self.based_on_shapes)
         else:
             sources = "world sizes " + ", ".join(map(str, self.based_on))
         return (
@@ -187,10 +179,9 @@ class WorldEstimate(BaseModel):
         )
 
 
-def shape_of(profile: Profile) -> tuple[int, int]:
-    """``(dp, tp)`` of the mesh a profile was measured on (``(W, 1)`` without one)."""
-    tp = profile.parallel.tp
-    return profile.world_size // tp, tp
+def _by_dp(shape: MeshShape) -> tuple[int, int]:
+    """Shapes listed by dp, then tp (``1 × 4, 2 × 2, 4 × 1``), as people read meshes."""
+    return shape.dp, shape.tp
 
 
 def fit_world_sizes(profiles: Sequence[Profile]) -> WorldFit:
@@ -200,17 +191,17 @@ def fit_world_sizes(profiles: Sequence[Profile]) -> WorldFit:
     # Near each profile's boundary only: at small sizes a fixed transient (an all-gathered
     # embedding, say) can hold the peak flat, and far past the budget nothing is decided.
     measured = [
-        (probe, profile.world_size, profile.parallel.tp)
+        (probe, profile.mesh)
         for profile in profiles
         for probe in profile.probes
         if probe.footprint_bytes is not None
         and probe.peak_allocated_bytes is not None
         and near_boundary(probe.micro_batch_size, profile.max_micro_batch_size)
     ]
-    if len({probe.micro_batch_size for probe, _, _ in measured}) < 2:
+    if len({probe.micro_batch_size for probe, _ in measured}) < 2:
         raise BadInputError("the profiles measured fewer than two micro batch sizes: profile more")
-    curves: dict[str, list[tuple[int, int, int, int]]] = {}
-    for probe, world, tp in measured:
+    curves: dict[str, list[tuple[int, MeshShape, int]]] = {}
+    for probe, mesh in measured:
         # Without phases (an older profile), the whole footprint is one curve.
         peaks = probe.phase_peaks_bytes or {"step": probe.peak_allocated_bytes or 0}
         for phase, peak in peaks.items():
@@ -218,27 +209,27 @@ def fit_world_sizes(profiles: Sequence[Profile]) -> WorldFit:
             # flight) grows with the shape like the accumulation phase it happens in, so it
             # is fitted with it; the optimizer step runs no collective.
             held = probe.collective_copies_bytes if phase != "optimizer" else 0
-            curves.setdefault(phase, []).append((probe.micro_batch_size, world, tp, peak + held))
+            curves.setdefault(phase, []).append((probe.micro_batch_size, mesh, peak + held))
     overhead = max(
         (probe.footprint_bytes or 0)
         - (probe.peak_allocated_bytes or 0)
         - probe.collective_copies_bytes
-        for probe, _, _ in measured
+        for probe, _ in measured
     )
-    terms = separable_terms([(p.micro_batch_size, w, t) for p, w, t in measured])
+    terms = separable_terms([(p.micro_batch_size, mesh) for p, mesh in measured])
     fit = WorldFit(
         phases={phase: _fit_phase(points, terms) for phase, points in curves.items()},
         overhead_bytes=float(overhead),
         points=len(measured),
         world_sizes=sorted({p.world_size for p in profiles}),
         max_relative_error=0.0,
-        shapes=sorted({shape_of(p) for p in profiles}),
+        shapes=sorted({p.mesh for p in profiles}, key=_by_dp),
         terms=[TERMS[i] for i in terms],
     )
     worst = max(
-        abs(fit.predict(probe.micro_batch_size, world, tp) - (probe.footprint_bytes or 0))
+        abs(fit.predict(probe.micro_batch_size, mesh) - (probe.footprint_bytes or 0))
         / (probe.footprint_bytes or 1)
-        for probe, world, tp in measured
+        for probe, mesh in measured
     )
     return fit.model_copy(update={"max_relative_error": worst})
 
@@ -248,11 +239,11 @@ def near_boundary(size: int, max_micro_batch_size: int) -> bool:
     return max_micro_batch_size / 2 <= size <= 2 * max_micro_batch_size + 2
 
 
-def separable_terms(points: Sequence[tuple[int, int, int]]) -> list[int]:
-    """The indices into :data:`TERMS` of the terms the ``(m, W, tp)`` points can tell
+def separable_terms(points: Sequence[tuple[int, MeshShape]]) -> list[int]:
+    """The indices into :data:`TERMS` of the terms the ``(m, mesh)`` points can tell
     apart: each in turn when its column is independent of those taken (exact arithmetic,
     so no tolerance decides it)."""
-    rows = {_term_values(m, w, tp) for m, w, tp in points}
+    rows = {_term_values(m, mesh) for m, mesh in points}
     chosen: list[int] = []
     for index in range(len(TERMS)):
         if _rank(rows, [*chosen, index]) == len(chosen) + 1:
@@ -277,9 +268,9 @@ def _rank(rows: set[tuple[Fraction, ...]], columns: list[int]) -> int:
     return rank
 
 
-def _fit_phase(points: list[tuple[int, int, int, int]], terms: list[int]) -> PhaseFit:
-    """Least squares of relative errors over ``(m, W, tp, peak)`` points."""
-    rows = [[float(_term_values(m, w, tp)[i]) for i in terms] for m, w, tp, _ in points]
+def _fit_phase(points: list[tuple[int, MeshShape, int]], terms: list[int]) -> PhaseFit:
+    """Least squares of relative errors over ``(m, mesh, peak)`` points."""
+    rows = [[float(_term_values(m, mesh)[i]) for i in terms] for m, mesh, _ in points]
     peaks = [float(peak) for *_, peak in points]
     found = fit_linear(rows, peaks, relative_weights(peaks))
     values = dict.fromkeys(TERMS, 0.0)
@@ -287,73 +278,59 @@ def _fit_phase(points: list[tuple[int, int, int, int]], terms: list[int]) -> Pha
     return PhaseFit(**values)
 
 
-def estimate_world_size(profiles: Sequence[Profile], world_size: int, tp: int = 1) -> WorldEstimate:
-    """The answer for ``world_size`` ranks as ``world_size / tp × tp`` from profiles of the
-    same workload at other sizes or shapes."""
-    if world_size < 1:
-        raise BadInputError(f"world size must be at least 1, got {world_size}")
-    if tp < 1:
-        raise BadInputError(f"tp must be at least 1, got {tp}")
-    if world_size % tp:
-        raise BadInputError(
-            f"world size {world_size} is not a multiple of tp {tp}: ask for a world size "
-            "that is dp × tp ranks"
-        )
+def estimate_world_size(profiles: Sequence[Profile], mesh: MeshShape) -> WorldEstimate:
+    """The answer on a rank of ``mesh`` from profiles of the same workload at other sizes
+    or shapes."""
     fit = fit_world_sizes(profiles)
-    shape = (world_size // tp, tp)
-    shapes = sorted({shape_of(p) for p in profiles})
-    exact = [p for p in profiles if shape_of(p) == shape]
+    shapes = sorted({p.mesh for p in profiles}, key=_by_dp)
+    exact = [p for p in profiles if p.mesh == mesh]
     if exact:  # measured: the newest profile at this shape answers
         found = max(exact, key=lambda p: p.created_at)
         probe = found.probe_at(found.max_micro_batch_size)
         return WorldEstimate(
-            world_size=world_size,
+            mesh=mesh,
             max_micro_batch_size=found.max_micro_batch_size,
             expected_peak_bytes=(probe.footprint_bytes or 0) if probe else 0,
             fit=fit,
-            based_on=[world_size],
+            based_on=[mesh.world_size],
             basis="measured",
-            tp=tp,
-            based_on_shapes=[shape],
-            ceiling_shape=shape,
+            based_on_shapes=[mesh],
+            ceiling_shape=mesh,
         )
-    ceiling_from = _ceiling(profiles, shape, mesh=fit.has_mesh or tp > 1)
-    if fit.per_sample_at(tp) <= 0:
+    ceiling_from = _ceiling(profiles, mesh, across_meshes=fit.has_mesh or mesh.is_mesh)
+    if fit.per_sample_at(mesh) <= 0:
         raise BadInputError("peak memory does not grow with the micro batch in these profiles")
     budget = profiles[0].budget_bytes
     margin = 1 + fit.max_relative_error
     fitting = [
-        m
-        for m in range(1, profiles[0].size_cap + 1)
-        if fit.predict(m, world_size, tp) * margin <= budget
+        m for m in range(1, profiles[0].size_cap + 1) if fit.predict(m, mesh) * margin <= budget
     ]
     size = max(fitting, default=0)
     size = max(0, min(size, ceiling_from.max_micro_batch_size, profiles[0].size_cap))
     return WorldEstimate(
-        world_size=world_size,
+        mesh=mesh,
         max_micro_batch_size=size,
-        expected_peak_bytes=int(fit.predict(size, world_size, tp)) if size else 0,
+        expected_peak_bytes=int(fit.predict(size, mesh)) if size else 0,
         fit=fit,
         based_on=fit.world_sizes,
-        tp=tp,
         based_on_shapes=shapes,
-        ceiling_shape=shape_of(ceiling_from),
+        ceiling_shape=ceiling_from.mesh,
     )
 
 
-def _ceiling(profiles: Sequence[Profile], shape: tuple[int, int], *, mesh: bool) -> Profile:
-    """The profile whose M* bounds the estimate at ``shape``: of the measured shapes at
+def _ceiling(profiles: Sequence[Profile], mesh: MeshShape, *, across_meshes: bool) -> Profile:
+    """The profile whose M* bounds the estimate at ``mesh``: of the measured shapes at
     least as large in both dp and tp, the nearest (fewest ranks; of equals, the smaller
-    M*). On a mesh, refused where the estimate would extrapolate."""
-    dp, tp = shape
-    larger = [p for p in profiles if shape_of(p)[0] >= dp and shape_of(p)[1] >= tp]
-    if not mesh:  # one dimension, as before meshes: the largest world size measured caps it
+    M*). Across meshes, refused where the estimate would extrapolate."""
+    larger = [p for p in profiles if mesh.bounds(p.mesh)]
+    if not across_meshes:  # one dimension, as before meshes: the largest size measured caps it
         if not larger:
             return max(profiles, key=lambda p: p.world_size)
         return min(larger, key=lambda p: (p.world_size, p.max_micro_batch_size))
-    dps = sorted({shape_of(p)[0] for p in profiles})
-    tps = sorted({shape_of(p)[1] for p in profiles})
-    measured = ", ".join(f"{d} × {t}" for d, t in sorted({shape_of(p) for p in profiles}))
+    dps = sorted({p.mesh.dp for p in profiles})
+    tps = sorted({p.mesh.tp for p in profiles})
+    measured = ", ".join(str(s) for s in sorted({p.mesh for p in profiles}, key=_by_dp))
+    dp, tp = mesh.dp, mesh.tp
     if not (dps[0] <= dp <= dps[-1] and tps[0] <= tp <= tps[-1]):
         raise BadInputError(
             f"a {dp} × {tp} mesh (dp × tp) is outside the measured dp {dps[0]}..{dps[-1]} "
@@ -369,7 +346,7 @@ def _ceiling(profiles: Sequence[Profile], shape: tuple[int, int], *, mesh: bool)
 
 
 def _check_comparable(profiles: Sequence[Profile]) -> None:
-    if len({shape_of(p) for p in profiles}) < 2:
+    if len({p.mesh for p in profiles}) < 2:
         raise BadInputError(
             "an estimate across world sizes needs profiles at two or more world sizes "
             "(or mesh shapes)"

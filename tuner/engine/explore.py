@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 from tuner.core.errors import BadInputError, WorkloadError
 from tuner.core.plan import Recommendation, recommend
 from tuner.core.results import Profile, VariantValue
-from tuner.core.shape import MeshShape
 from tuner.engine.backends import Backend
 from tuner.engine.probe import Prober
 from tuner.engine.workload import Workload, load_workload, loaded_values, variant_options
@@ -143,7 +142,7 @@ def _plan(
         max_micro_batch_size=profile.max_micro_batch_size,
         probes=profile.probes,
         global_batch_size=global_batch_size,
-        mesh=MeshShape(world_size, profile.parallel.tp),
+        mesh=profile.parallel.mesh(world_size),
         capacity_bytes=profile.device.capacity_bytes,
     )
 

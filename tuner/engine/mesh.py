@@ -1,11 +1,12 @@
 """FSDP × tensor parallelism on a 2-D device mesh, the way PyTorch's own stack trains it.
 
-The world is laid out as ``(dp, tp) = (world_size / tp, tp)``: rank ``r`` is tensor-parallel
-rank ``r % tp`` of data-parallel group ``r // tp``. The tensor-parallel plan runs first
-(``parallelize_module`` on ``mesh["tp"]``), then FSDP shards what is left across
-``mesh["dp"]`` (``fully_shard(..., mesh=mesh["dp"])``). The ranks of one tensor-parallel
-group compute one micro batch together, so they must see the same samples: a rank's
-samples are drawn by its data-parallel rank (:func:`data_parallel_rank`).
+The world is laid out as a :class:`~tuner.core.shape.MeshShape`, ``dp × tp``, the ``tp``
+ranks of a data-parallel group adjacent (:meth:`MeshShape.coordinates`). The
+tensor-parallel plan runs first (``parallelize_module`` on ``mesh["tp"]``), then FSDP
+shards what is left across ``mesh["dp"]`` (``fully_shard(..., mesh=mesh["dp"])``). The
+ranks of one tensor-parallel group compute one micro batch together, so they must see the
+same samples: a rank's samples are drawn by its data-parallel group
+(:meth:`MeshShape.group_of`).
 
 Named plans:
 
@@ -36,18 +37,12 @@ _ATTENTION_COLUMNS = ("q_proj", "k_proj", "v_proj")
 _MLP_COLUMNS = ("gate_proj", "up_proj")
 
 
-def data_parallel_rank(rank: int, parallel: Parallel) -> int:
-    """The data-parallel group of ``rank``: the samples it draws (``make_batch(n, rank=...)``)."""
-    return rank // parallel.tp if parallel.has_mesh else rank
-
-
 def build_mesh(parallel: Parallel, world_size: int, device: torch.device) -> Any:
     """The ``(dp, tp)`` device mesh of the current process group."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(
-        device.type, parallel.mesh_shape(world_size), mesh_dim_names=("dp", "tp")
-    )
+    mesh = parallel.mesh(world_size)
+    return init_device_mesh(device.type, (mesh.dp, mesh.tp), mesh_dim_names=("dp", "tp"))
 
 
 def apply_plan(

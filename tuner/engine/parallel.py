@@ -46,8 +46,7 @@ def check_parallel(workload: Workload, parallel: Parallel, world_size: int) -> N
             f"tp_plan=workload: {workload.name} gives no plan; give Workload(tp_plan=fn), where "
             "fn(model, tp_mesh) calls parallelize_module, or use tp_plan=llama"
         )
-    if parallel.has_mesh:
-        parallel.data_parallel_size(world_size)  # refuses a world that is not dp × tp
+    parallel.mesh(world_size)  # refuses a world that is not dp × tp
     if world_size > 1 and not accepts_rank(workload.make_batch):
         raise BadInputError(
             f"--world-size {world_size}: make_batch of {workload.name} ignores the rank, so "

@@ -34,7 +34,6 @@ from tuner.engine.backends import (
     storage_bytes,
 )
 from tuner.engine.batching import Batch, batch_size_of, batch_tensors, to_device
-from tuner.engine.mesh import data_parallel_rank
 from tuner.engine.parallel import parallelize, sync_context
 from tuner.engine.peak import BlockActivations, peak_phase
 from tuner.engine.state import TrainingState
@@ -79,8 +78,10 @@ class Prober:
         self.headroom = headroom
         self.rank = rank
         self.parallel = workload.parallel
+        # The ranks it is one of: the process group's (a fake world's too), else one process.
+        self.mesh = self.parallel.mesh(_group_size())
         # The ranks of one tensor-parallel group compute one micro batch: the same samples.
-        self.sample_rank = data_parallel_rank(rank, self.parallel)
+        self.sample_rank = self.mesh.group_of(rank)
         self.budget_bytes = int((1 - headroom) * backend.capacity_bytes)
         self.model = _on_device(workload.model, backend.device)
         # What the step calls: the DDP wrapper, or the model sharded in place; wrapped
@@ -353,3 +354,10 @@ class _StepsOutcome:
     reading: PeakReading
     breakdown: MemoryBreakdown
     step_time_s: float
+
+
+def _group_size() -> int:
+    """The ranks of the current process group; 1 outside one."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

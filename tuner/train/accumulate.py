@@ -2,11 +2,12 @@
 
     global batch = micro batch × accumulation steps × data-parallel size
 
-The data-parallel size is the world size, or ``world size / tp`` on a 2-D mesh (FSDP ×
-tensor parallelism), where the ``tp`` ranks of each data-parallel group compute every
-micro batch together: they are given the same batch (drawn by the data-parallel rank,
-``rank // tp``; a group whose ranks hold different batches is refused), split it
-identically, and count its samples and loss units once for the group.
+The data-parallel size is the ``dp`` of the run's :class:`~tuner.core.shape.MeshShape`:
+the world size, or ``world size / tp`` on a 2-D mesh (FSDP × tensor parallelism), where
+the ``tp`` ranks of each data-parallel group compute every micro batch together: they are
+given the same batch (drawn by the rank's group, ``MeshShape.group_of(rank)``; a group
+whose ranks hold different batches is refused), split it identically, and count its
+samples and loss units once for the group.
 
 Given the batch a data loader yields for one optimizer step on this rank, the
 accumulator splits it into micro batches whose sizes differ by at most one (or runs the

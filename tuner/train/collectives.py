@@ -23,6 +23,7 @@ from torch import nn
 
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import Parallel
+from tuner.core.shape import ONE_PROCESS, MeshShape
 from tuner.engine.batching import Batch, batch_size_of, batch_tensors
 
 BUCKET_BYTES = 25 * 2**20
@@ -30,41 +31,43 @@ BUCKET_BYTES = 25 * 2**20
 
 @dataclass(frozen=True)
 class World:
-    size: int
     rank: int
     device: torch.device  # where collectives' tensors live: the GPU under NCCL
-    # Tensor-parallel ranks of each data-parallel group (1 without a mesh): rank r belongs
-    # to group r // tp, and the ranks of a group share their samples.
-    tp: int = 1
+    # The process group as dp × tp (tp 1 without a mesh): the ranks of a data-parallel
+    # group are adjacent and share their samples.
+    mesh: MeshShape = ONE_PROCESS
+
+    @property
+    def size(self) -> int:
+        return self.mesh.world_size
 
     @property
     def data_parallel_size(self) -> int:
         """The groups that see different samples: what gradients are averaged over."""
-        return self.size // self.tp
+        return self.mesh.dp
 
     @property
     def group(self) -> int:
         """This rank's data-parallel group."""
-        return self.rank // self.tp
+        return self.mesh.group_of(self.rank)
 
 
 def current_world(parallel: Parallel | None = None) -> World:
     """The process group as the accumulator sees it; with ``parallel`` on a mesh, laid out
-    as ``(size / tp) × tp`` (:mod:`tuner.engine.mesh`)."""
+    as ``dp × tp`` (:mod:`tuner.engine.mesh`)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return World(1, 0, torch.device("cpu"))
+        return World(0, torch.device("cpu"))
     device = (
         torch.device("cuda", torch.cuda.current_device())
         if dist.get_backend() == "nccl"
         else torch.device("cpu")
     )
     size = dist.get_world_size()
-    tp = 1
-    if parallel is not None and parallel.has_mesh:
-        tp = size // parallel.data_parallel_size(size)  # refuses a world that is not dp × tp
-    return World(size, dist.get_rank(), device, tp)
+    # Refuses a world that is not dp × tp.
+    mesh = parallel.mesh(size) if parallel is not None and parallel.has_mesh else MeshShape(size)
+    return World(dist.get_rank(), device, mesh)
 
 
 def all_reduce_sum(value: int, world: World) -> int:
@@ -75,7 +78,7 @@ def all_reduce_sum(value: int, world: World) -> int:
         return value
     import torch.distributed as dist
 
-    if world.tp == 1:
+    if not world.mesh.is_mesh:
         tensor = torch.tensor([value], dtype=torch.int64, device=world.device)
         dist.all_reduce(tensor)
         return int(tensor.item())
@@ -89,7 +92,7 @@ def check_same_batch(batch: Batch, world: World) -> None:
     """Refuse, on every rank, a batch that the tensor-parallel ranks of a group do not
     share: its size and a position-weighted checksum of its samples are compared within
     each group (one small all-reduce). Nothing to compare without a mesh."""
-    if world.tp == 1 or world.size == 1:
+    if not world.mesh.is_mesh or world.size == 1:
         return
     _agreed_per_group(_fingerprint(batch), world, "batch")
 
@@ -132,14 +135,16 @@ def _agreed_per_group(values: torch.Tensor, world: World, what: str) -> torch.Te
         g for g in range(world.data_parallel_size) if not torch.equal(highest[g], lowest[g])
     ]
     if differing:
-        ranks = ", ".join(f"{g * world.tp}..{(g + 1) * world.tp - 1}" for g in differing)
+        ranks = ", ".join(
+            f"{world.mesh.ranks_of(g)[0]}..{world.mesh.ranks_of(g)[-1]}" for g in differing
+        )
         raise BadInputError(
             f"the tensor-parallel ranks of data-parallel group(s) {differing} (ranks {ranks}) "
             f"were given different {what}s: a tensor-parallel group computes each micro batch "
-            "together, so its ranks must see the same samples; draw them by the data-parallel "
-            f"rank, rank // tp (tuner.engine.mesh.data_parallel_rank), e.g. "
-            f"DistributedSampler(num_replicas={world.data_parallel_size}, rank=rank // "
-            f"{world.tp})"
+            "together, so its ranks must see the same samples; draw them by the rank's "
+            "data-parallel group (tuner.core.shape.MeshShape.group_of), e.g. "
+            f"DistributedSampler(num_replicas={world.data_parallel_size}, "
+            f"rank=MeshShape({world.size}, {world.mesh.tp}).group_of(rank))"
         )
     return highest
 

@@ -1,8 +1,9 @@
 """A recommendation applied to training frameworks that accumulate on their own.
 
 The Hugging Face Trainer and Lightning run equal micro batches only, so a split whose
-sizes differ (``2×29 + 7×28``) becomes equal micro batches that divide ``b = B / W``: the
-global batch stays exactly what was asked. Which divisor honours the recommendation's
+sizes differ (``2×29 + 7×28``) becomes equal micro batches that divide ``b = B / dp`` (the
+data-parallel groups of the recommendation's mesh): the global batch stays exactly what was
+asked. Which divisor honours the recommendation's
 policy: ``throughput`` takes the fastest by the measured speeds, every other policy the
 largest divisor that fits, which is also the fewest micro batches.
 

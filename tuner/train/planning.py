@@ -88,12 +88,14 @@ def plan_training(
 ) -> plans.Recommendation:
     """Micro batch and accumulation steps for ``workload`` on this device.
 
-    global batch = micro batch × accumulation steps × world size
+    global batch = micro batch × accumulation steps × dp
 
-    The workload key and device key are computed here (the optimizer factory is called
-    once, as profiling does). The service is asked for a recommendation; when it has no
-    profile of this workload on this device (it has none, or only an estimate from
-    another device), ``missing`` says what happens:
+    (``dp``: the data-parallel groups of the run's mesh, ``world_size`` over
+    ``workload.parallel.tp``; the world size without tensor parallelism.) The workload key
+    and device key are computed here (the optimizer factory is called once, as profiling
+    does). The service is asked for a recommendation; when it has no profile of this
+    workload on this device (it has none, or only an estimate from another device),
+    ``missing`` says what happens:
 
     - ``"profile"``: profile it in this process (the model, optimizer, RNG and train/eval
       flags are left as they were), upload the profile, and ask again.
@@ -125,7 +127,8 @@ def plan_training(
         _plan,
         workload,
         global_batch_size=global_batch_size,
-        world_size=world_size,
+        # Refused here, before any profiling, where tp does not divide the world.
+        mesh=workload.parallel.mesh(world_size),
         device=device,
         memory_limit_bytes=memory_limit_bytes,
         headroom=headroom,
@@ -189,7 +192,7 @@ def _plan(
     workload: Workload,
     *,
     global_batch_size: int,
-    world_size: int,
+    mesh: MeshShape,
     device: str | None,
     memory_limit_bytes: int | None,
     headroom: float,
@@ -214,7 +217,7 @@ def _plan(
         workload_key=workload_key(workload, workload.build_optimizer()),
         device_key=device_key(backend),
         global_batch_size=global_batch_size,
-        world_size=world_size,
+        mesh=mesh,
         policy=policy,
         fallback=fallback,
         headroom=headroom,
@@ -256,7 +259,7 @@ class _Planner:
     workload_key: str
     device_key: str
     global_batch_size: int
-    world_size: int
+    mesh: MeshShape  # the run's ranks; ``workload.parallel.tp`` is its tp
     policy: str
     fallback: Fallback | None
     headroom: float
@@ -270,9 +273,9 @@ class _Planner:
             workload=self.workload_key,
             device=self.device_key,
             global_batch_size=self.global_batch_size,
-            world_size=self.world_size,
+            world_size=self.mesh.world_size,
             parallel=self.workload.parallel.mode,
-            tp=self.workload.parallel.tp,
+            tp=self.mesh.tp,
             policy=self.policy,
             fallback=fallback if fallback is not None else self.fallback,
         )
@@ -286,7 +289,7 @@ class _Planner:
             headroom=self.headroom,
             strategy=self.strategy,
             size_cap=self.size_cap,
-            world_size=self.world_size,
+            world_size=self.mesh.world_size,
         )
         try:
             self.client.upload_profile(profile)  # even when nothing fits: that is known now
@@ -315,7 +318,7 @@ class _Planner:
         answer = answer_from(
             profile,
             global_batch_size=self.global_batch_size,
-            mesh=MeshShape(self.world_size, self.workload.parallel.tp),
+            mesh=self.mesh,
             policy=self.policy,  # type: ignore[arg-type]
         )
         return OfflineRecommendation(
@@ -341,9 +344,9 @@ class _Planner:
             headroom=self.headroom,
             strategy=self.strategy,
             size_cap=self.size_cap,
-            world_size=self.world_size if self.workload.parallel.distributed else None,
+            world_size=self.mesh.world_size if self.workload.parallel.distributed else None,
             parallel=self.workload.parallel.mode if self.workload.parallel.distributed else None,
-            tp=self.workload.parallel.tp if self.workload.parallel.has_mesh else None,
+            tp=self.mesh.tp if self.workload.parallel.has_mesh else None,
         )
         done = self.client.wait_for_job(job.id, timeout=timeout, poll=poll)
         if done.status == "failed":

@@ -71,6 +71,8 @@ class Lengths:
 
     def load(self, backend: Backend) -> None:
         self.backend = backend  # each length's workload is loaded as it is profiled
+        # Each length is measured in one process; the plan is for the ranks named.
+        self.mesh = MeshShape(self.args.world_size, self.args.tp or 1)
 
     def measure(self, stderr: Console) -> None:
         from tuner.cli.display import LiveProgress
@@ -104,7 +106,7 @@ class Lengths:
             answer_from(
                 p,
                 global_batch_size=args.global_batch_size,
-                mesh=MeshShape(args.world_size, args.tp or 1),
+                mesh=self.mesh,
             )
             if p.max_micro_batch_size and args.global_batch_size is not None
             else None

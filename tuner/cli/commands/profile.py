@@ -157,6 +157,9 @@ class Measurement(Protocol):
 
     #: Who was not uploaded, in "{subject} not uploaded": "the profile was".
     subject: str
+    #: The ranks the plan is for, known once loaded: the workload's own parallel spec may
+    #: bring a tp that ``--tp`` did not give (``--parallel-option tp=2``, say).
+    mesh: MeshShape
 
     def load(self, backend: Backend) -> None:
         """Load what is measured, before the client is made (a bad target costs nothing)."""
@@ -184,8 +187,9 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     from tuner.core.plan import per_rank_batch
 
     check_mesh_arguments(args)
-    if args.global_batch_size is not None:
-        # Refused before importing torch, which alone takes a second or two.
+    if args.global_batch_size is not None and args.tp is not None:
+        # Refused before importing torch, which alone takes a second or two. Without --tp
+        # the workload may bring its own, so that waits for it to be loaded.
         per_rank_batch(args.global_batch_size, mesh_of(args))
     if args.seq_lens is not None:
         check_combinations(args)
@@ -200,6 +204,8 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     backend = make_backend(device, memory_limit_bytes=args.memory_limit)
     measurement.load(backend)
+    if args.global_batch_size is not None:
+        per_rank_batch(args.global_batch_size, measurement.mesh)  # before any probing
     # Made before probing, so that a missing TUNER_URL costs no profiling time.
     client = TunerClient() if args.upload else None
     try:
@@ -282,6 +288,7 @@ class OneWorkload:
                 workload.parallel.mode, args.parallel_option, workload.parallel
             )
         workload.parallel = with_mesh(workload, args.tp)
+        self.mesh = workload.parallel.mesh(args.world_size)
         if args.explore and not workload.variants:
             raise BadInputError(
                 f"{args.target} declares no variants to explore: give its Workload "
@@ -339,7 +346,7 @@ class OneWorkload:
                 advised = load_workload(args.target, {**workload.options, **chosen.options})
         elif profile.max_micro_batch_size and args.global_batch_size is not None:
             recommendation = answer_from(
-                profile, global_batch_size=args.global_batch_size, mesh=mesh_of(args)
+                profile, global_batch_size=args.global_batch_size, mesh=self.mesh
             )
         # The JSON (and the upload) is the chosen variant's profile; the text shows the
         # loaded workload's probes and then the variants table, which names the chosen one.
@@ -374,7 +381,7 @@ class OneWorkload:
         out = Console()
         # Exploring, the recommendation is the chosen variant's: the table says which.
         plan = None if exploration is not None else self.recommendation
-        print_profile(out, self.shown, plan, mesh=mesh_of(self.args), advice=self.advice)
+        print_profile(out, self.shown, plan, mesh=self.mesh, advice=self.advice)
         if exploration is not None:
             print_exploration(out, exploration)
 
