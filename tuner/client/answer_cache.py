@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 from platformdirs import user_cache_path
 from pydantic import ValidationError
 
+from tuner.core.shape import MeshShape
 from tuner.core.wire.recommendation import RecommendationPublic
 
 FORMAT_VERSION = 1
@@ -85,8 +86,9 @@ class Question:
 
     def describe(self) -> str:
         ranks = f" over {self.world_size} ranks" if self.world_size > 1 else ""
-        if self.tp is not None and self.tp > 1:
-            ranks += f" as a {self.world_size // self.tp} × {self.tp} mesh (dp × tp)"
+        mesh = MeshShape(self.world_size, self.tp or 1)
+        if mesh.is_mesh:
+            ranks += f" as a {mesh.where()}"
         if self.parallel not in (None, "none"):
             ranks += f" under {self.parallel}"
         if self.seq_len is not None:

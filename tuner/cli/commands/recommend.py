@@ -12,6 +12,7 @@ from tuner.cli.commands._args import EXIT_FAILED, EXIT_NOTHING_FITS, EXIT_OK, po
 from tuner.core.errors import NothingFitsError, ServiceUnavailableError
 from tuner.core.parallel import PARALLEL_MODES
 from tuner.core.plan import DEFAULT_POLICY, POLICIES
+from tuner.core.shape import MeshShape
 from tuner.core.units import format_bytes
 
 if TYPE_CHECKING:
@@ -151,11 +152,8 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
 
 def _source(answer: RecommendationPublic) -> str:
     """Which profiles the numbers come from, and how they were measured."""
-    mesh = (
-        f" as {answer.profile_world_size // answer.profile_tp} × {answer.profile_tp}"
-        if answer.profile_tp > 1
-        else ""
-    )
+    measured = MeshShape(answer.profile_world_size, answer.profile_tp)
+    mesh = f" as {measured}" if measured.is_mesh else ""
     ranks = (
         f" ({answer.profile_parallel} on {answer.profile_world_size} ranks{mesh})"
         if answer.profile_parallel != "none"
