@@ -16,18 +16,27 @@ import pytest
 from tests.helpers import REPO_ROOT
 
 # What each package may import besides itself. ``api`` is the service: it stands on the
-# core only (it never imports torch); the client speaks its schemas and, embedded, runs
+# core and the answer (both torch-free; it never imports torch); the client speaks its schemas and, embedded, runs
 # its store in-process.
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "tuner.core": frozenset(),
+    "tuner.answer": frozenset({"tuner.core"}),
     "tuner.engine": frozenset({"tuner.core"}),
     "tuner.hf": frozenset({"tuner.core", "tuner.engine"}),
-    "api": frozenset({"tuner.core"}),
+    "api": frozenset({"tuner.core", "tuner.answer"}),
     "tuner.client": frozenset({"tuner.core", "api"}),
-    "tuner.train": frozenset({"tuner.core", "tuner.engine", "tuner.client"}),
+    "tuner.train": frozenset({"tuner.core", "tuner.answer", "tuner.engine", "tuner.client"}),
     "tuner.worker": frozenset({"tuner.core", "tuner.engine", "tuner.client"}),
     "tuner.cli": frozenset(
-        {"tuner.core", "tuner.engine", "tuner.client", "tuner.train", "tuner.worker", "api"}
+        {
+            "tuner.core",
+            "tuner.answer",
+            "tuner.engine",
+            "tuner.client",
+            "tuner.train",
+            "tuner.worker",
+            "api",
+        }
     ),
 }
 # The package root re-exports the public API from every role; nothing inside may import it.
