@@ -178,7 +178,7 @@ if __name__ == "__main__":
 def test_a_profile_split_by_the_models_own_plan_holds_a_share_on_each_rank() -> None:
     """GPT-NeoX profiled on two real ranks as a 1 × 2 mesh: each rank holds the split
     layers' share of the parameters (the vocabulary and every block's projections halved),
-    and the profile is keyed by the plan."""
+    the profile is keyed by the plan, and stderr carries the progress lines alone."""
     done = run_tuner(
         "profile",
         TARGET,
@@ -204,6 +204,8 @@ def test_a_profile_split_by_the_models_own_plan_holds_a_share_on_each_rank() -> 
         timeout=240,
     )
     assert done.returncode == 0, done.stderr
+    # Quiet: the probes' progress and nothing of torch.profiler's (USDT, CPUAllocator).
+    assert all(line.startswith("probe ") for line in done.stderr.strip().splitlines())
     profile = json.loads(done.stdout)
     whole = causal_lm(config=config("gpt_neox"), seq_len=16).model
     whole_bytes = sum(p.numel() * p.element_size() for p in whole.parameters())
