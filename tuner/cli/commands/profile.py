@@ -501,6 +501,7 @@ def _variant_summary(outcome: VariantOutcome, exploration: Exploration) -> Varia
         max_micro_batch_size=outcome.profile.max_micro_batch_size,
         recommendation=outcome.recommendation,
         samples_per_second=outcome.samples_per_second,
+        samples_per_second_spread=outcome.spread,
         chosen=outcome is exploration.chosen,
     )
 
