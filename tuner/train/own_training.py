@@ -26,6 +26,7 @@ import torch
 
 from tuner.core import plan as plans
 from tuner.core.errors import BadInputError, WorkloadError
+from tuner.core.shape import MeshShape
 from tuner.core.units import format_bytes, parse_bytes
 from tuner.engine.batching import Batch
 from tuner.engine.outcome import DEFAULT_HEADROOM
@@ -248,7 +249,8 @@ def plan_own_training(
     from tuner.train.integrations import equal_settings
     from tuner.train.planning import plan_training
 
-    plans.per_rank_batch(global_batch_size, data_parallel_size)  # refused before probing
+    # Refused before probing: a batch the ranks cannot share evenly.
+    plans.per_rank_batch(global_batch_size, MeshShape(data_parallel_size))
     recommendation = plan_training(
         workload,
         global_batch_size=global_batch_size,
