@@ -32,7 +32,7 @@ def test_memory_short_explores_by_itself_and_says_so() -> None:
     out = done.stdout
     assert "Variants (measured)" in out
     assert out.count("chosen") == 1
-    assert "variant to train:" in out
+    assert "variant: " in out
     assert "= global batch 12" in out
     # Where the peak is, and what would lower it.
     assert "Saved for backward at micro batch 3, peak in backward" in out
@@ -49,7 +49,7 @@ def test_nothing_fitting_explores_and_a_variant_that_fits_is_the_answer() -> Non
     assert done.returncode == 0, done.stderr
     assert "nothing fits: exploring the variants" in done.stderr
     assert "largest micro batch that fits: 0" in done.stdout
-    assert "variant to train: checkpointing=true precision=bf16" in done.stdout
+    assert "variant: checkpointing=true precision=bf16" in done.stdout
     assert "the variant as loaded does not" in " ".join(done.stdout.split())
     assert "micro batch 1 × 4 accumulation steps = global batch 4" in done.stdout
 

@@ -236,11 +236,12 @@ def print_exploration(console: Console, exploration: Exploration) -> None:
         else f", micro batch up to {chosen.profile.max_micro_batch_size}"
     )
     basis = "a timed step of its plan" if plan is not None else "its probe at M*"
-    why = f"; {exploration.reason}" if exploration.reason else ""
     console.print(
-        f"[bold]variant to train: {chosen.label or 'as loaded'}[/] (measured by {basis}{why}){how}",
+        f"[bold]variant: {chosen.label or 'as loaded'}[/] (measured by {basis}){how}",
         highlight=False,
     )
+    if exploration.reason:
+        console.print(f"why: {exploration.reason}", highlight=False)
 
 
 def print_profile(
