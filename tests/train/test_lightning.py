@@ -136,6 +136,36 @@ def test_named_lengths_find_the_longest_sample_a_short_scan_misses(
     assert (tuner.tuned.worst_case.index, tuner.tuned.worst_case.size) == (LONGEST_AT, LONGEST)
 
 
+class Tokens(pl.LightningDataModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_size = 2
+        self.samples = TokenModel().samples
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(self.samples, batch_size=self.batch_size, collate_fn=pad)  # type: ignore[arg-type]
+
+
+class FromData(TokenModel):
+    """Reads its data from a datamodule, as most projects do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.batch_size
+
+
+def test_a_datamodules_batch_size_is_set_and_a_url_names_the_store(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"  # a URL crosses ddp_spawn's pickling
+    tuner = TunerCallback(global_batch_size=BATCH, device="cpu", memory_limit=LIMIT, client=url)
+    data = Tokens()
+    trainer([tuner], str(tmp_path)).fit(FromData(), datamodule=data)
+    assert tuner.tuned is not None
+    assert data.batch_size == tuner.tuned.micro_batch_size
+    assert data.batch_size * tuner.tuned.accumulation_steps == BATCH
+    with TunerClient(url, cache_dir=tmp_path / "cache") as client:
+        assert len(client.list_profiles().data) == 1
+
+
 class NoBatchSize(TokenModel):
     def __init__(self) -> None:
         super().__init__()

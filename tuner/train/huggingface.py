@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -44,6 +44,10 @@ from tuner.core.errors import BadInputError
 from tuner.engine.batching import Batch
 from tuner.engine.outcome import DEFAULT_HEADROOM
 from tuner.engine.workload import Precision, Workload
+
+if TYPE_CHECKING:
+    from tuner.client import TunerClient
+
 from tuner.train.own_training import (
     DEFAULT_SCAN,
     Tuned,
@@ -63,7 +67,7 @@ def tune_trainer(
     global_batch_size: int,
     device: str | None = None,
     memory_limit: int | str | None = None,
-    client: Any = None,
+    client: TunerClient | str | None = None,
     lengths: Sequence[int] | None = None,
     scan: int = DEFAULT_SCAN,
     headroom: float = DEFAULT_HEADROOM,
@@ -73,7 +77,8 @@ def tune_trainer(
     and set its micro batch and accumulation steps for ``global_batch_size``.
 
     ``device`` defaults to the Trainer's (``cpu`` needs ``memory_limit``: bytes, or text
-    such as ``"2GiB"``); ``client`` to a ``TunerClient`` from ``TUNER_URL``; ``lengths``
+    such as ``"2GiB"``); ``client`` (a ``TunerClient`` or its URL) to one from
+    ``TUNER_URL``; ``lengths``
     (one per sample) finds the longest sample exactly, else ``scan`` samples are read.
     """
     global_batch_size = check_global_batch_size(global_batch_size)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
@@ -46,6 +46,10 @@ from tuner.core.errors import BadInputError
 from tuner.engine.batching import Batch
 from tuner.engine.outcome import DEFAULT_HEADROOM
 from tuner.engine.workload import Precision, Workload
+
+if TYPE_CHECKING:
+    from tuner.client import TunerClient
+
 from tuner.train.own_training import (
     DEFAULT_SCAN,
     Tuned,
@@ -76,7 +80,9 @@ class TunerCallback(pl.Callback):
             ``memory_limit``). Probing elsewhere would move the module, so it is refused.
         memory_limit: the memory the step must fit in, in bytes or as text (``"2GiB"``):
             needed on CPU, a smaller GPU emulated on CUDA.
-        client: a :class:`tuner.client.TunerClient`; by default one from ``TUNER_URL``.
+        client: a :class:`tuner.client.TunerClient`, or its URL (``http(s)://…``,
+            ``sqlite:///…``), or by default ``TUNER_URL``. Under ``ddp_spawn``, which
+            pickles callbacks into each rank, give the URL.
         lengths: one length per sample of the train dataset (``dataset["length"]``): the
             worst case is then the longest of them all, not of a scan.
         scan: how many samples a scan reads when no lengths are given.
@@ -93,7 +99,7 @@ class TunerCallback(pl.Callback):
         global_batch_size: int,
         device: str | None = None,
         memory_limit: int | str | None = None,
-        client: Any = None,
+        client: TunerClient | str | None = None,
         lengths: Sequence[int] | None = None,
         scan: int = DEFAULT_SCAN,
         batch_size_attr: str = "batch_size",

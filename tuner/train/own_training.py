@@ -20,7 +20,7 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from tuner.engine.batching import Batch
 from tuner.engine.outcome import DEFAULT_HEADROOM
 from tuner.engine.state import preserved_rng
 from tuner.engine.workload import Workload
+
+if TYPE_CHECKING:
+    from tuner.client import TunerClient
 
 # How many samples a scan reads when the user names no lengths: enough to meet the long
 # tail of most text sets, few enough to take seconds, not minutes.
@@ -239,28 +242,42 @@ def plan_own_training(
     data_parallel_size: int,
     device: str,
     memory_limit: int | None,
-    client: Any,
+    client: TunerClient | str | None,
     headroom: float = DEFAULT_HEADROOM,
     policy: str = plans.DEFAULT_POLICY,
 ) -> Tuned:
     """Profile ``workload`` (or use the stored profile), plan ``global_batch_size`` over
     ``data_parallel_size`` ranks, and turn the plan into equal micro batches, as the
-    frameworks run them."""
+    frameworks run them. ``client``: a ``TunerClient``, a URL (``http(s)://…`` or
+    ``sqlite:///…``), or ``None`` for ``TUNER_URL``."""
+    from tuner.client import TunerClient
     from tuner.train.integrations import equal_settings
     from tuner.train.planning import plan_training
 
     # Refused before probing: a batch the ranks cannot share evenly.
     plans.per_rank_batch(global_batch_size, MeshShape(data_parallel_size))
-    recommendation = plan_training(
-        workload,
-        global_batch_size=global_batch_size,
-        world_size=data_parallel_size,
-        device=device,
-        memory_limit_bytes=memory_limit,
-        headroom=headroom,
-        policy=policy,
-        client=client,
-    )
+    # A URL is opened here, by the process that plans, rank 0 alone under torch.distributed
+    # (a client does not cross the pickling of a spawned rank; a URL does); None is
+    # TUNER_URL's, opened by plan_training where it plans.
+    opened: TunerClient | None = None
+    if isinstance(client, str):
+        given = opened = TunerClient(client) if _plans_here() else None
+    else:
+        given = client
+    try:
+        recommendation = plan_training(
+            workload,
+            global_batch_size=global_batch_size,
+            world_size=data_parallel_size,
+            device=device,
+            memory_limit_bytes=memory_limit,
+            headroom=headroom,
+            policy=policy,
+            client=given,
+        )
+    finally:
+        if opened is not None:
+            opened.close()
     micro, steps = equal_settings(recommendation)
     tuned = Tuned(recommendation, micro, steps, data_parallel_size, workload, worst_case)
     limit = f" under {format_bytes(memory_limit)}" if memory_limit else ""
@@ -268,6 +285,14 @@ def plan_own_training(
         "tuner: %s on %s%s; worst case: %s", tuned.describe(), device, limit, worst_case.describe()
     )
     return tuned
+
+
+def _plans_here() -> bool:
+    """Whether this process plans: always, but under torch.distributed only rank 0 (the
+    others receive its plan)."""
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 def loss_of(output: object, where: str) -> torch.Tensor:
