@@ -12,6 +12,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from torch.utils.data import DataLoader
 
 from tests.train.lightning_modules import LONGEST, LONGEST_AT, TokenModel, pad, trainer
@@ -222,3 +223,10 @@ def test_bad_settings_are_refused_when_the_callback_is_made(
 ) -> None:
     with pytest.raises(BadInputError, match=message):
         TunerCallback(**options)
+
+
+def test_a_schedule_of_accumulation_is_refused(client: TunerClient, tmp_path: Path) -> None:
+    tuner = TunerCallback(global_batch_size=BATCH, device="cpu", memory_limit=LIMIT, client=client)
+    schedule = GradientAccumulationScheduler({0: 2})
+    with pytest.raises(BadInputError, match="GradientAccumulationScheduler sets"):
+        trainer([schedule, tuner], str(tmp_path)).fit(TokenModel())

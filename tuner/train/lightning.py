@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
 from torch import nn
 
@@ -157,6 +158,11 @@ class TunerCallback(pl.Callback):
                 "TunerCallback sets the batch size where the dataloader reads it: define "
                 "train_dataloader() in the LightningModule or a LightningDataModule instead "
                 "of passing a DataLoader to fit()"
+            )
+        if any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):  # type: ignore[attr-defined]
+            raise BadInputError(
+                "a GradientAccumulationScheduler sets accumulate_grad_batches each epoch, which "
+                "would change the global batch TunerCallback keeps: use one or the other"
             )
         if not lightning_hasattr(pl_module, self.batch_size_attr):
             raise BadInputError(
