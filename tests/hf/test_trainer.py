@@ -6,6 +6,8 @@ at the answer."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -149,3 +151,52 @@ def test_what_cannot_be_tuned_is_refused_in_one_line_and_changes_nothing(
     assert message in refused.value.message
     assert "\n" not in refused.value.message
     assert (hf.args.per_device_train_batch_size, hf.args.gradient_accumulation_steps) == (8, 1)
+
+
+RANKS_SCRIPT = """
+import sys, torch
+from pathlib import Path
+from tests.hf.trainers import trainer
+from tuner.train.huggingface import tune_trainer
+torch.set_num_threads(1)
+hf = trainer(Path(sys.argv[1]), ddp_backend="gloo")
+tuned = tune_trainer(hf, global_batch_size=48, memory_limit="16MiB", client=sys.argv[2])
+args = hf.args
+print("plan", args.process_index, args.per_device_train_batch_size,
+      args.gradient_accumulation_steps, hf.get_total_train_batch_size(args), flush=True)
+print("trained", hf.train().global_step, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_under_torchrun_every_rank_gets_rank_zeros_plan(tmp_path: Path) -> None:
+    """Two real gloo ranks (torchrun, 127.0.0.1, time-boxed): rank 0 profiles, both set
+    the same micro batch and accumulation, and the batch is split over the two ranks."""
+    from tests.helpers import subprocess_env
+    from tests.services import free_port
+
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+            str(script), str(tmp_path / "out"), url,
+        ],
+        cwd=Path(__file__).parents[2],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,  # a hang fails the test
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    plans = sorted(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("plan"))
+    assert [rank for rank, *_ in plans] == ["0", "1"]
+    (plan,) = {tuple(settings) for _, *settings in plans}
+    micro, steps, total = map(int, plan)
+    assert micro * steps * 2 == total == 48
+    assert done.stdout.count("trained 1") == 2
+    with TunerClient(url, cache_dir=tmp_path / "cache") as client:
+        assert len(client.list_profiles().data) == 1  # rank 0 alone profiled
