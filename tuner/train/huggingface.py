@@ -72,6 +72,7 @@ def tune_trainer(
     scan: int = DEFAULT_SCAN,
     headroom: float = DEFAULT_HEADROOM,
     policy: str = plans.DEFAULT_POLICY,
+    time_splits: bool = False,
 ) -> Tuned:
     """Profile ``trainer``'s own step on its worst-case batch (or use the stored profile)
     and set its micro batch and accumulation steps for ``global_batch_size``.
@@ -80,6 +81,8 @@ def tune_trainer(
     such as ``"2GiB"``); ``client`` (a ``TunerClient`` or its URL) to one from
     ``TUNER_URL``; ``lengths``
     (one per sample) finds the longest sample exactly, else ``scan`` samples are read.
+    ``time_splits`` times the fewest micro batches against more, smaller ones and keeps the
+    fastest when it wins by more than the timing's spread (:mod:`tuner.train.fastest`).
     """
     global_batch_size = check_global_batch_size(global_batch_size)
     limit = memory_limit_bytes(memory_limit)
@@ -126,6 +129,7 @@ def tune_trainer(
             client=client,
             headroom=headroom,
             policy=policy,
+            time_splits=time_splits,
         )
     args.per_device_train_batch_size = tuned.micro_batch_size
     args.gradient_accumulation_steps = tuned.accumulation_steps

@@ -90,6 +90,9 @@ class TunerCallback(pl.Callback):
         batch_size_attr: the attribute the train dataloader reads its batch size from.
         headroom: the fraction of memory kept free.
         policy: how the plan splits the batch (see :mod:`tuner.core.plan`).
+        time_splits: time the fewest micro batches against more, smaller ones and keep
+            the fastest when it wins by more than the timing's spread (one process only;
+            a few optimizer steps of the whole batch: :mod:`tuner.train.fastest`).
 
     After fit starts, ``tuned`` holds the answer, the workload profiled and its worst case.
     """
@@ -106,6 +109,7 @@ class TunerCallback(pl.Callback):
         batch_size_attr: str = "batch_size",
         headroom: float = DEFAULT_HEADROOM,
         policy: str = plans.DEFAULT_POLICY,
+        time_splits: bool = False,
     ) -> None:
         self.global_batch_size = check_global_batch_size(global_batch_size)
         self.memory_limit = memory_limit_bytes(memory_limit)
@@ -118,6 +122,7 @@ class TunerCallback(pl.Callback):
         self.batch_size_attr = batch_size_attr
         self.headroom = headroom
         self.policy = policy
+        self.time_splits = time_splits
         self.tuned: Tuned | None = None
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -138,6 +143,7 @@ class TunerCallback(pl.Callback):
             client=self.client,
             headroom=self.headroom,
             policy=self.policy,
+            time_splits=self.time_splits,
         )
         lightning_setattr(pl_module, self.batch_size_attr, tuned.micro_batch_size)
         trainer.accumulate_grad_batches = tuned.accumulation_steps

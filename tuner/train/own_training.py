@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ from tuner.engine.workload import Workload
 
 if TYPE_CHECKING:
     from tuner.client import TunerClient
+    from tuner.train.fastest import TimedSplit
 
 # How many samples a scan reads when the user names no lengths: enough to meet the long
 # tail of most text sets, few enough to take seconds, not minutes.
@@ -222,15 +224,21 @@ class Tuned:
     data_parallel_size: int
     workload: Workload
     worst_case: WorstCase
+    # With time_splits: the candidates timed (the fewest steps first), why the answer is
+    # the one it is, and what timing cost.
+    timed: tuple[TimedSplit, ...] = ()
+    timing_reason: str = ""
+    timing_s: float = 0.0
 
     def describe(self) -> str:
         rec = self.recommendation
         ranks = self.data_parallel_size
+        why = f"; {self.timing_reason}" if self.timing_reason else ""
         return (
             f"micro batch {self.micro_batch_size} × {self.accumulation_steps} accumulation "
             f"step{'s' if self.accumulation_steps != 1 else ''} × {ranks} "
             f"rank{'s' if ranks != 1 else ''} = {rec.global_batch_size} "
-            f"(largest that fits: {rec.max_micro_batch_size}, {rec.basis})"
+            f"(largest that fits: {rec.max_micro_batch_size}, {rec.basis}{why})"
         )
 
 
@@ -245,11 +253,14 @@ def plan_own_training(
     client: TunerClient | str | None,
     headroom: float = DEFAULT_HEADROOM,
     policy: str = plans.DEFAULT_POLICY,
+    time_splits: bool = False,
 ) -> Tuned:
     """Profile ``workload`` (or use the stored profile), plan ``global_batch_size`` over
     ``data_parallel_size`` ranks, and turn the plan into equal micro batches, as the
     frameworks run them. ``client``: a ``TunerClient``, a URL (``http(s)://…`` or
-    ``sqlite:///…``), or ``None`` for ``TUNER_URL``."""
+    ``sqlite:///…``), or ``None`` for ``TUNER_URL``. With ``time_splits`` (one process
+    only), the fewest micro batches are timed against more, smaller ones and the fastest
+    kept when it wins by more than the timing's spread (:mod:`tuner.train.fastest`)."""
     from tuner.client import TunerClient
     from tuner.train.integrations import equal_settings
     from tuner.train.planning import plan_training
@@ -280,11 +291,51 @@ def plan_own_training(
             opened.close()
     micro, steps = equal_settings(recommendation)
     tuned = Tuned(recommendation, micro, steps, data_parallel_size, workload, worst_case)
+    if time_splits:
+        tuned = _timed(tuned, device=device, memory_limit=memory_limit, headroom=headroom)
     limit = f" under {format_bytes(memory_limit)}" if memory_limit else ""
     log.info(
         "tuner: %s on %s%s; worst case: %s", tuned.describe(), device, limit, worst_case.describe()
     )
     return tuned
+
+
+def _timed(tuned: Tuned, *, device: str, memory_limit: int | None, headroom: float) -> Tuned:
+    """``tuned`` with the fastest of its candidate micro batches, timed in this process."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from tuner.train.fastest import candidate_micro_batches, fastest, time_micro_batches
+    from tuner.train.planning import training_backend
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        # Ranks timing on their own could choose differently, and one rank's step is not
+        # the step DDP runs: under several ranks the plan stays the fewest steps.
+        return dataclasses.replace(
+            tuned, timing_reason="not timed: time_splits runs in one process only"
+        )
+    per_rank = tuned.recommendation.per_rank_batch_size
+    sizes = candidate_micro_batches(per_rank, tuned.micro_batch_size)
+    if len(sizes) == 1:
+        return tuned
+    started = time.perf_counter()
+    timed = time_micro_batches(
+        tuned.workload,
+        training_backend(device, memory_limit),
+        per_rank=per_rank,
+        sizes=sizes,
+        headroom=headroom,
+    )
+    chosen, reason = fastest(timed)
+    return dataclasses.replace(
+        tuned,
+        micro_batch_size=chosen.micro_batch_size,
+        accumulation_steps=per_rank // chosen.micro_batch_size,
+        timed=tuple(timed),
+        timing_reason=reason,
+        timing_s=time.perf_counter() - started,
+    )
 
 
 def _plans_here() -> bool:
