@@ -16,8 +16,8 @@ import pytest
 from tests.helpers import REPO_ROOT
 
 # What each package may import besides itself. ``api`` is the service: it stands on the
-# core and the answer (both torch-free; it never imports torch); the client speaks its schemas and, embedded, runs
-# its store in-process.
+# core and the answer (both torch-free; it never imports torch); the client speaks its
+# schemas and, embedded, runs its store in-process.
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "tuner.core": frozenset(),
     "tuner.answer": frozenset({"tuner.core"}),

@@ -10,7 +10,13 @@ from tests.variant_workloads import stack
 from tuner.core.errors import BadInputError, WorkloadError
 from tuner.core.results import Profile
 from tuner.engine.backends import CpuBackend
-from tuner.engine.explore import describe_variant, explore, should_explore
+from tuner.engine.explore import (
+    VariantOutcome,
+    choose,
+    describe_variant,
+    explore,
+    should_explore,
+)
 from tuner.engine.profiler import profile_workload
 from tuner.engine.workload import Workload, load_workload, variant_options
 
@@ -74,11 +80,53 @@ def test_the_choice_is_the_fastest_measured_plan_and_keeps_the_global_batch_exac
         assert max(plan.split) <= outcome.profile.max_micro_batch_size
         assert outcome.samples_per_second is not None
         assert outcome.samples_per_second > 0
+        assert outcome.spread is not None  # three timed rounds each
+        assert 0 <= outcome.spread < 1
+    # The fastest, when it beats the variant as loaded by more than the spread; else the
+    # variant as loaded, saying so.
     chosen = exploration.chosen
     assert chosen is not None
-    assert chosen.samples_per_second == max(
-        o.samples_per_second or 0.0 for o in exploration.variants
-    )
+    fastest = max(exploration.variants, key=lambda o: o.samples_per_second or 0.0)
+    loaded = exploration.variants[0]
+    assert chosen in (fastest, loaded)
+    if chosen is loaded and fastest is not loaded:
+        assert "within the spread of the timed rounds" in exploration.reason
+    elif chosen is not loaded:
+        assert "more than the measured spread" in exploration.reason
+
+
+def _outcome(label: str, speed: float, spread: float | None, fits: bool = True) -> VariantOutcome:
+    profile = Profile.model_construct(max_micro_batch_size=4 if fits else 0, probes=[])
+    return VariantOutcome({"variant": label}, profile, None, speed, spread)
+
+
+@pytest.mark.parametrize(
+    ("others", "chosen", "reason"),
+    [
+        ([("fast", 104.0, 0.02)], "loaded", "measured 4% faster, within the spread"),
+        ([("fast", 110.0, 0.02)], "fast", "10% faster than as loaded, more than the measured"),
+        ([("slow", 90.0, 0.01)], "loaded", "the fastest measured"),
+        ([("fast", 104.0, None)], "fast", "timed once: no spread to weigh"),
+    ],
+    ids=["within-spread", "beyond-spread", "loaded-fastest", "no-spread"],
+)
+def test_a_variant_is_chosen_for_speed_only_beyond_the_spread(
+    others: list[tuple[str, float, float | None]], chosen: str, reason: str
+) -> None:
+    loaded = _outcome("loaded", 100.0, 0.05)
+    picked, why = choose([loaded, *(_outcome(*other) for other in others)])
+    assert picked is not None
+    assert picked.options["variant"] == chosen
+    assert reason in why
+
+
+def test_when_the_variant_as_loaded_does_not_fit_the_fastest_that_fits_is_chosen() -> None:
+    loaded = _outcome("loaded", 0.0, None, fits=False)
+    picked, why = choose([loaded, _outcome("a", 50.0, 0.3), _outcome("b", 60.0, 0.3)])
+    assert picked is not None
+    assert picked.options["variant"] == "b"
+    assert "does not" in why
+    assert choose([_outcome("loaded", 0.0, None, fits=False)]) == (None, "no variant fits")
 
 
 def test_exploring_starts_by_itself_below_four_or_when_nothing_fits() -> None:

@@ -31,6 +31,14 @@ def test_blocks_are_the_children_with_module_lists_opened() -> None:
     assert names == ["embed", "blocks.0", "blocks.1", "head"]
 
 
+def test_a_stack_inside_a_wrapper_is_opened_into_its_layers() -> None:
+    wrapper = torch.nn.Module()
+    wrapper.inner = stack(layers=2).model
+    wrapper.extra = torch.nn.Linear(4, 4)
+    names = [name for name, _ in top_level_blocks(wrapper)]
+    assert names == ["inner.embed", "inner.blocks.0", "inner.blocks.1", "inner.head", "extra"]
+
+
 def test_locating_names_the_block_that_saves_most_and_leaves_the_peak_unchanged() -> None:
     plain, located = probe(stack(), 4, locate=False), probe(stack(), 4)
     assert located.peak_allocated_bytes == plain.peak_allocated_bytes

@@ -197,8 +197,8 @@ def variants_table(exploration: Exploration) -> Table:
         title_justify="left",
         header_style="bold",
         caption="M* 0: nothing fits; steps: micro batches per optimizer step; samples/s: a "
-        "timed optimizer step of that plan (at M* without a global batch), per rank; "
-        "peak: at M*",
+        "timed optimizer step of that plan (at M* without a global batch), per rank, the "
+        "fastest of its rounds ± how far its rounds lie apart; peak: at M*",
         caption_justify="left",
     )
     columns = ("variant", "M*", "steps", "samples/s", "peak", "")
@@ -212,11 +212,12 @@ def variants_table(exploration: Exploration) -> Table:
         speed = outcome.samples_per_second
         if speed is None and at_max is not None:
             speed = at_max.samples_per_second
+        spread = f" ±{outcome.spread:.0%}" if speed and outcome.spread is not None else ""
         table.add_row(
             outcome.label or "as loaded",
             str(profile.max_micro_batch_size),
             str(plan.grad_accum) if plan is not None else "-",
-            f"{speed:,.1f}" if speed else "-",
+            f"{speed:,.1f}{spread}" if speed else "-",
             format_bytes(at_max.peak_bytes) if at_max is not None else "-",
             "[bold green]chosen[/]" if outcome is exploration.chosen else "",
         )
@@ -237,9 +238,11 @@ def print_exploration(console: Console, exploration: Exploration) -> None:
     )
     basis = "a timed step of its plan" if plan is not None else "its probe at M*"
     console.print(
-        f"[bold]fastest variant: {chosen.label or 'as loaded'}[/] (measured by {basis}){how}",
+        f"[bold]variant: {chosen.label or 'as loaded'}[/] (measured by {basis}){how}",
         highlight=False,
     )
+    if exploration.reason:
+        console.print(f"why: {exploration.reason}", highlight=False)
 
 
 def print_profile(

@@ -11,8 +11,9 @@ of the workload key. Only what changes memory is in it:
   (unsharded gradients stay resident between micro batches: more memory, less traffic).
 - a 2-D mesh (FSDP only): ``tp`` ranks of tensor parallelism inside each data-parallel
   group, laid out as ``(world_size / tp) × tp`` with dimensions named ``dp`` and ``tp``.
-  ``tp_plan`` names how the model is split (``llama`` for Llama-like decoder blocks, or
-  ``workload`` for the workload's own ``tp_plan`` function) and ``sequence_parallel``
+  ``tp_plan`` names how the model is split (``llama`` for Llama-like decoder blocks,
+  ``auto`` for the plan a transformers model's config ships, or ``workload`` for the
+  workload's own ``tp_plan`` function) and ``sequence_parallel``
   shards the norms' activations along the sequence too. The plan is part of the workload
   key; ``tp`` is a shape, like the world size, so profiles at (4, 1), (2, 2) and (1, 4)
   are of one workload and the service can fit across them.
@@ -52,7 +53,7 @@ _SHAPE_FIELDS = ("tp",)
 # Part of the key only when a plan is named, so that keys of FSDP workloads without a mesh
 # stay what they were.
 _PLAN_FIELDS = ("tp_plan", "sequence_parallel")
-NAMED_TP_PLANS: tuple[str, ...] = ("llama", "workload")
+NAMED_TP_PLANS: tuple[str, ...] = ("llama", "auto", "workload")
 
 
 class Parallel(BaseModel):
@@ -96,7 +97,8 @@ class Parallel(BaseModel):
     tp_plan: str | None = Field(
         default=None,
         description="FSDP with a mesh: how the model is split over the tp ranks: 'llama' "
-        "(Llama-like decoder blocks) or 'workload' (the workload's own tp_plan function)",
+        "(Llama-like decoder blocks), 'auto' (the plan transformers ships in the model's "
+        "config) or 'workload' (the workload's own tp_plan function)",
     )
     sequence_parallel: bool = Field(
         default=False,
@@ -113,8 +115,8 @@ class Parallel(BaseModel):
             )
         if self.tp > 1 and self.tp_plan is None:
             raise ValueError(
-                "tp > 1 needs a plan: tp_plan=llama, or tp_plan=workload with the "
-                "workload's own Workload(tp_plan=fn)"
+                "tp > 1 needs a plan: tp_plan=auto (a transformers model's own), "
+                "tp_plan=llama, or tp_plan=workload with the workload's own Workload(tp_plan=fn)"
             )
         return self
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuner.core.lengths import LengthFit
 from tuner.core.plan import Recommendation
@@ -36,6 +36,9 @@ class VariantSummary(BaseModel):
     max_micro_batch_size: int
     recommendation: Recommendation | None = None
     samples_per_second: float | None = None
+    samples_per_second_spread: float | None = Field(
+        default=None, description="how far the timed rounds lie apart, a fraction of the speed"
+    )
     chosen: bool = False
 
 

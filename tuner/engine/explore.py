@@ -4,9 +4,15 @@
 Each variant gets the same search and a profile of its own; the profiles share a
 ``variant_group``. For a global batch ``B`` each variant's plan (``tuner.core.plan``'s
 default policy) is then run as training runs it, a timed optimizer step over its split,
-and the variant with the highest measured samples per second wins::
+in interleaved rounds; a variant's speed is its fastest round and its spread how far its
+rounds lie apart::
 
     samples/s = (B / W) / seconds per optimizer step        (per rank)
+    spread    = (fastest − slowest round) / fastest
+
+The variant as loaded stays the answer unless another is faster by more than the spread
+of the two (a difference the timing cannot tell from noise changes nothing the user
+chose); when the variant as loaded does not fit, the fastest that fits is the answer.
 """
 
 from __future__ import annotations
@@ -27,19 +33,22 @@ from tuner.engine.workload import Workload, load_workload, loaded_values, varian
 # Below this M* the CLI explores variants on its own: a micro batch that small leaves
 # most of a device idle, and a variant with less memory per sample may well train faster.
 EXPLORE_BELOW = 4
-# Rounds of timed steps per variant (each a warm-up step and a timed one).
-TIMING_ROUNDS = 2
+# Rounds of timed steps per variant (each a warm-up step and a timed one): three, so that
+# a spread is seen at all.
+TIMING_ROUNDS = 3
 
 
 @dataclass(frozen=True)
 class VariantOutcome:
     """One variant: its options, its profile, its plan for ``B`` and the measured speed
-    of that plan (``None`` where nothing fits or no ``B`` was given)."""
+    of that plan, its fastest round (``None`` where nothing fits or no ``B`` was given),
+    with the spread of its rounds (a fraction of the speed; ``None`` when not timed)."""
 
     options: dict[str, VariantValue]
     profile: Profile
     recommendation: Recommendation | None
     samples_per_second: float | None
+    spread: float | None = None
 
     @property
     def label(self) -> str:
@@ -48,8 +57,11 @@ class VariantOutcome:
 
 @dataclass(frozen=True)
 class Exploration:
+    """The variants measured, the one chosen, and why (:func:`choose`)."""
+
     variants: list[VariantOutcome]
     chosen: VariantOutcome | None
+    reason: str = ""
 
     @property
     def group(self) -> str | None:
@@ -111,26 +123,56 @@ def explore(
         values = _json_values(options)
         profile = result.model_copy(update={"variant": values, "variant_group": group})
         measured.append((values, variant, profile, _plan(profile, global_batch_size, world_size)))
-    speeds = _timed_speeds(backend, [(w, p, plan) for _, w, p, plan in measured])
+    rounds = _timed_speeds(backend, [(w, p, plan) for _, w, p, plan in measured])
     outcomes = [
-        VariantOutcome(values, profile, plan, speed)
-        for (values, _, profile, plan), speed in zip(measured, speeds, strict=True)
+        VariantOutcome(values, profile, plan, max(timed, default=None), spread_of(timed))
+        for (values, _, profile, plan), timed in zip(measured, rounds, strict=True)
     ]
-    return Exploration(outcomes, choose(outcomes))
+    chosen, reason = choose(outcomes)
+    return Exploration(outcomes, chosen, reason)
 
 
-def choose(outcomes: list[VariantOutcome]) -> VariantOutcome | None:
-    """The variant with the highest measured samples per second; without a global batch,
-    the highest measured at its own ``M*``. ``None`` when no variant fits at all."""
+def spread_of(speeds: list[float]) -> float | None:
+    """How far timed rounds lie apart, as a fraction of the fastest; ``None`` for fewer
+    than two rounds (one round shows no spread)."""
+    if len(speeds) < 2 or max(speeds) <= 0:
+        return None
+    return (max(speeds) - min(speeds)) / max(speeds)
+
+
+def choose(outcomes: list[VariantOutcome]) -> tuple[VariantOutcome | None, str]:
+    """The variant to train, and why. The first outcome is the variant as loaded: it stays
+    unless another is faster by more than the spread of the two, measured by a timed step
+    of its plan (without a global batch, by its probe at ``M*``); when it does not fit,
+    the fastest that fits. ``None`` when no variant fits at all."""
     fitting = [o for o in outcomes if o.profile.max_micro_batch_size >= 1]
+    fastest = max(fitting, key=_speed, default=None)
+    if fastest is None:
+        return None, "no variant fits"
+    loaded = outcomes[0]
+    if loaded not in fitting:
+        return fastest, "the fastest of the variants that fit (the variant as loaded does not)"
+    if fastest is loaded or _speed(loaded) <= 0:
+        return loaded, "the fastest measured"
+    gain = _speed(fastest) / _speed(loaded) - 1
+    if loaded.spread is None or fastest.spread is None:
+        return fastest, f"{gain:.0%} faster than as loaded (timed once: no spread to weigh)"
+    noise = max(loaded.spread, fastest.spread)
+    if gain > noise:
+        return fastest, (
+            f"{gain:.0%} faster than as loaded, more than the measured spread ({noise:.0%})"
+        )
+    return loaded, (
+        f"as loaded: {fastest.label or 'another variant'} measured {gain:.0%} faster, within "
+        f"the spread of the timed rounds ({noise:.0%}), which cannot tell them apart"
+    )
 
-    def speed(outcome: VariantOutcome) -> float:
-        if outcome.samples_per_second is not None:
-            return outcome.samples_per_second
-        probe = outcome.profile.probe_at(outcome.profile.max_micro_batch_size)
-        return (probe.samples_per_second if probe else None) or 0.0
 
-    return max(fitting, key=speed, default=None)
+def _speed(outcome: VariantOutcome) -> float:
+    if outcome.samples_per_second is not None:
+        return outcome.samples_per_second
+    probe = outcome.profile.probe_at(outcome.profile.max_micro_batch_size)
+    return (probe.samples_per_second if probe else None) or 0.0
 
 
 def _plan(
@@ -149,23 +191,25 @@ def _plan(
 
 def _timed_speeds(
     backend: Backend, plans: list[tuple[Workload, Profile, Recommendation | None]]
-) -> list[float | None]:
-    """Samples per second of each plan, timed in interleaved rounds and the fastest round
-    kept: a busy host slows whichever variant runs during the busy spell, and one round
-    alone would crown the variant that ran in a quiet one."""
-    best: list[float | None] = [None] * len(plans)
+) -> list[list[float]]:
+    """Samples per second of each plan in each round, the rounds interleaved: a busy host
+    slows whichever variant runs during the busy spell, and the rounds of one variant show
+    how much that moves it. A plan under DDP or FSDP keeps its profile's speed (a timed step
+    needs every rank): one value, no spread."""
+    rounds: list[list[float]] = [[] for _ in plans]
     for _ in range(TIMING_ROUNDS):
         for index, (workload, profile, plan) in enumerate(plans):
             if plan is None:
                 continue
             if workload.parallel.distributed:
-                # A timed step under DDP or FSDP needs every rank: the profile's speed stands.
-                best[index] = plan.expected_samples_per_second
+                if plan.expected_samples_per_second is not None:
+                    rounds[index] = [plan.expected_samples_per_second]
                 continue
             with backend.session(), Prober(workload, backend, headroom=profile.headroom) as prober:
-                speed = plan.per_rank_batch_size / prober.time_split(plan.split, steps=1)
-            best[index] = max(speed, best[index] or 0.0)
-    return best
+                rounds[index].append(
+                    plan.per_rank_batch_size / prober.time_split(plan.split, steps=1)
+                )
+    return rounds
 
 
 def _json_values(options: dict[str, object]) -> dict[str, VariantValue]:

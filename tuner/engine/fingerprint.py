@@ -29,7 +29,8 @@ def stable_key(document: Mapping[str, Any]) -> str:
 
 
 def workload_document(workload: Workload, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Module tree, tensors, input signature, optimizer settings, precision, checkpointing."""
+    """Module tree, tensors, input signature, optimizer settings, precision, checkpointing,
+    the settings that change memory outside them (``memory_settings``)."""
     return {
         "modules": _module_tree(workload.model),
         "parameters": [
@@ -44,6 +45,12 @@ def workload_document(workload: Workload, optimizer: torch.optim.Optimizer) -> d
         "optimizer": optimizer_signature(optimizer, workload.model),
         "precision": workload.precision,
         "activation_checkpointing": workload.activation_checkpointing,
+        # Only when given, so that keys of workloads without such settings stay what they were.
+        **(
+            {"settings": dict(sorted(workload.memory_settings.items()))}
+            if workload.memory_settings
+            else {}
+        ),
         # Only when parallel, so that keys of one-process workloads stay what they were.
         **(
             {"parallel": workload.parallel.memory_fields()} if workload.parallel.distributed else {}

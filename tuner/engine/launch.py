@@ -42,7 +42,13 @@ from tuner.engine.outcome import (
     observed,
     validate_search_settings,
 )
-from tuner.engine.rank import PROBE_TIMEOUT_S, RankReady, RankRequest, rank_main
+from tuner.engine.rank import (
+    PROBE_TIMEOUT_S,
+    RankReady,
+    RankRequest,
+    rank_environment,
+    rank_main,
+)
 from tuner.engine.search import run_search
 
 READY_TIMEOUT_S = 600.0
@@ -98,15 +104,16 @@ class RankGroup:
     def start(self) -> RankReady:
         context = multiprocessing.get_context("spawn")
         request = dataclasses.replace(self.request, port=_free_port())
-        for rank in range(request.world_size):
-            ours, theirs = context.Pipe()
-            process = context.Process(
-                target=rank_main, args=(rank, request, theirs), name=f"tuner-rank-{rank}"
-            )
-            process.start()
-            theirs.close()
-            self.processes.append(process)
-            self.pipes.append(ours)
+        with rank_environment(request.device):
+            for rank in range(request.world_size):
+                ours, theirs = context.Pipe()
+                process = context.Process(
+                    target=rank_main, args=(rank, request, theirs), name=f"tuner-rank-{rank}"
+                )
+                process.start()
+                theirs.close()
+                self.processes.append(process)
+                self.pipes.append(ours)
         answers = self._collect(READY_TIMEOUT_S, what="start")
         ready = answers[0][1] if answers else None
         if not isinstance(ready, RankReady):

@@ -15,12 +15,20 @@ Named plans:
   gate/up column-wise, o and down row-wise. With ``sequence_parallel`` the norms run on
   sequence shards as well (the embedding's output is sharded by sequence, the head gathers
   it back), torchtitan's layout.
+- ``auto``: the plan transformers ships with the model, ``config.base_model_tp_plan``
+  (Phi-3, GPT-NeoX, StarCoder2, Llama and most decoders), applied to the base model with
+  torch's own parallel styles: ``colwise`` and ``rowwise`` as above, ``colwise_gather_output``
+  (the output gathered, for a layer whose output is sliced), ``rowwise_split_input`` (a
+  replicated input split), ``embedding_rowwise`` (the vocabulary split). A plan that needs
+  another style, a model with none, or a split weight tied to one left whole is refused in
+  one line, naming what to give instead (``tp_plan=workload`` with a plan of its own).
 - ``workload``: the workload's own ``tp_plan(model, tp_mesh)``, which calls
   ``parallelize_module`` itself (a plain module with a hand-written plan).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +60,9 @@ def apply_plan(
     tp_mesh = mesh["tp"]
     if parallel.tp_plan == "llama":
         llama_plan(model, tp_mesh, sequence_parallel=parallel.sequence_parallel)
+        return
+    if parallel.tp_plan == "auto":
+        model_plan(model, tp_mesh, sequence_parallel=parallel.sequence_parallel)
         return
     if own is None:
         raise BadInputError(
@@ -161,3 +172,135 @@ def _shard_sequence_around_blocks(model: nn.Module, tp_mesh: Any) -> None:
             "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
         },
     )
+
+
+# The styles of transformers' plans applied with torch's own: (kind, output gathered or
+# input split). The rest (packed, expert, local and sequence-parallel styles) are refused.
+_AUTO_STYLES = {
+    "colwise": ("colwise", False),
+    "colwise_gather_output": ("colwise", True),
+    "colwise_rep": ("colwise", True),
+    "rowwise": ("rowwise", False),
+    "rowwise_split_input": ("rowwise", True),
+    "rowwise_rep": ("rowwise", True),
+    "embedding_rowwise": ("rowwise", True),
+}
+# What every rank keeps whole: nothing to split.
+_KEPT_WHOLE = ("replicate",)
+
+
+def auto_plan(model: nn.Module, tp: int) -> dict[str, str]:
+    """The model's own plan (``config.base_model_tp_plan``) resolved to its modules' full
+    names (``model.layers.0.self_attn.q_proj`` → ``colwise``), checked to split evenly over
+    ``tp`` ranks; refused in one line when it cannot be applied."""
+    name = type(model).__name__
+    plan = getattr(getattr(model, "config", None), "base_model_tp_plan", None)
+    if not plan:
+        raise BadInputError(
+            f"tp_plan=auto: {name} has no tensor-parallel plan in its config "
+            "(config.base_model_tp_plan); give the workload its own tp_plan and use "
+            "tp_plan=workload, or tp_plan=llama for a Llama-like decoder"
+        )
+    base = getattr(model, "base_model", model)
+    prefix = next((f"{n}." for n, m in model.named_modules() if m is base and n), "")
+    modules = dict(base.named_modules())
+    resolved: dict[str, str] = {}
+    for pattern, style in plan.items():
+        if style in _KEPT_WHOLE:
+            continue
+        if style not in _AUTO_STYLES:
+            raise BadInputError(
+                f"tp_plan=auto: {name}'s plan splits {pattern} as {style!r}, which tuner does "
+                f"not apply (it applies {', '.join(_AUTO_STYLES)}); give the workload its own "
+                "tp_plan and use tp_plan=workload"
+            )
+        matcher = re.compile(re.escape(pattern).replace(r"\*", r"[^.]+") + "$")
+        for module_name in modules:
+            if module_name and matcher.match(module_name):
+                resolved[prefix + module_name] = style
+    if not resolved:
+        raise BadInputError(
+            f"tp_plan=auto: no module of {name} matches its config's plan "
+            f"({', '.join(plan)}); give the workload its own tp_plan and use tp_plan=workload"
+        )
+    _check_even(model, resolved, tp)
+    _check_untied(model, resolved)
+    return resolved
+
+
+def _check_even(model: nn.Module, resolved: dict[str, str], tp: int) -> None:
+    """Every split dimension divides by ``tp``, and so do the heads when the attention's
+    projections are split locally (each rank then computes its own heads)."""
+    modules = dict(model.named_modules())
+    for module_name, style in resolved.items():
+        weight = getattr(modules[module_name], "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise BadInputError(
+                f"tp_plan=auto: {module_name} is split as {style!r} but is not a linear layer "
+                "or an embedding; give the workload its own tp_plan and use tp_plan=workload"
+            )
+        kind, _ = _AUTO_STYLES[style]
+        # Linear weights are (out, in); an embedding's rows are its vocabulary.
+        embedding = isinstance(modules[module_name], nn.Embedding)
+        dim = 0 if kind == "colwise" or embedding else 1
+        size = weight.shape[dim]
+        if size % tp:
+            raise WorkloadError(
+                f"tp_plan=auto at tp {tp}: {module_name} splits {size} "
+                f"{'rows' if dim == 0 else 'columns'}, not evenly over {tp} ranks; use a tp "
+                "that divides it"
+            )
+    if "colwise" in resolved.values():
+        config = getattr(model, "config", None)
+        for field in ("num_attention_heads", "num_key_value_heads"):
+            value = getattr(config, field, None)
+            if isinstance(value, int) and value % tp:
+                raise WorkloadError(
+                    f"tp_plan=auto at tp {tp}: the model's {field} ({value}) does not split "
+                    f"evenly over {tp} ranks; use a tp that divides it"
+                )
+
+
+def _check_untied(model: nn.Module, resolved: dict[str, str]) -> None:
+    """A weight the plan splits must not also be a weight of a module it leaves whole (an
+    output head tied to the embedding): one tensor cannot be split and whole at once."""
+    split = {
+        id(parameter): module_name
+        for module_name, module in model.named_modules()
+        if module_name in resolved
+        for parameter in module.parameters(recurse=False)
+    }
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        if module_name in resolved:
+            continue
+        for parameter in module.parameters(recurse=False):
+            if id(parameter) in split:
+                raise BadInputError(
+                    f"tp_plan=auto: {split[id(parameter)]} is split but its weight is tied to "
+                    f"{module_name}, which the plan leaves whole; build the model with "
+                    "tie_word_embeddings=false, or use tp_plan=workload"
+                )
+
+
+def model_plan(model: nn.Module, tp_mesh: Any, *, sequence_parallel: bool = False) -> None:
+    """Split ``model`` by its own plan (:func:`auto_plan`) with torch's parallel styles."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    if sequence_parallel:
+        raise BadInputError(
+            "sequence_parallel=true is for tp_plan=llama, which shards the norms too; "
+            "with tp_plan=auto use sequence_parallel=false"
+        )
+    styles: dict[str, Any] = {}
+    for module_name, style in auto_plan(model, tp_mesh.size()).items():
+        kind, whole = _AUTO_STYLES[style]
+        if kind == "colwise":
+            styles[module_name] = ColwiseParallel(output_layouts=Replicate() if whole else None)
+        else:
+            styles[module_name] = RowwiseParallel(input_layouts=Replicate() if whole else None)
+    parallelize_module(model, tp_mesh, styles)

@@ -22,7 +22,7 @@ from torch import nn
 
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import Parallel
-from tuner.engine.mesh import apply_plan, build_mesh
+from tuner.engine.mesh import apply_plan, auto_plan, build_mesh
 from tuner.engine.workload import Workload
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -47,6 +47,15 @@ def check_parallel(workload: Workload, parallel: Parallel, world_size: int) -> N
             "fn(model, tp_mesh) calls parallelize_module, or use tp_plan=llama"
         )
     parallel.mesh(world_size)  # refuses a world that is not dp × tp
+    if parallel.tp_plan == "auto":
+        # Resolved here too, so that a model the plan cannot split is refused before any
+        # rank starts.
+        if parallel.sequence_parallel:
+            raise BadInputError(
+                "sequence_parallel=true is for tp_plan=llama, which shards the norms too; "
+                "with tp_plan=auto use sequence_parallel=false"
+            )
+        auto_plan(workload.model, parallel.tp)
     if world_size > 1 and not accepts_rank(workload.make_batch):
         raise BadInputError(
             f"--world-size {world_size}: make_batch of {workload.name} ignores the rank, so "

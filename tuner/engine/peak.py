@@ -1,7 +1,8 @@
-"""Where a step's peak is: the activations each top-level block saves for backward, and
-the phase (forward, backward, optimizer step) in which the peak falls.
+"""Where a step's peak is: the activations each block saves for backward, and the phase
+(forward, backward, optimizer step) in which the peak falls. The blocks are the model's
+children, with nested layer lists opened (:func:`top_level_blocks`).
 
-Forward hooks on the top-level blocks say which block is running; a saved-tensors hook
+Forward hooks on the blocks say which block is running; a saved-tensors hook
 sees every tensor autograd keeps for backward and files its storage under that block (the
 first block to save a storage owns it; parameters and buffers are resident, not
 activations). At the end of forward the bytes of the storages still alive are summed per
@@ -30,14 +31,28 @@ from tuner.engine.backends.base import plain_tensors
 
 def top_level_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The model's children, with a ``ModuleList`` or ``ModuleDict`` (never called itself)
-    opened into its members: ``blocks.0``, ``blocks.1``, ..."""
+    opened into its members (``blocks.0``, ``blocks.1``, ...), and a child that holds such
+    a list opened into its own children, so that the layers of a wrapped stack are named
+    (a transformers causal LM: ``model.embed_tokens``, ``model.layers.0``, ...,
+    ``model.norm``, ``lm_head``). A list's members are blocks themselves, never opened."""
+    return _blocks(model, "")
+
+
+def _blocks(module: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
     blocks: list[tuple[str, nn.Module]] = []
-    for name, child in model.named_children():
+    for name, child in module.named_children():
+        path = f"{prefix}{name}"
         if isinstance(child, nn.ModuleList | nn.ModuleDict):
-            blocks.extend((f"{name}.{member}", module) for member, module in child.named_children())
+            blocks.extend((f"{path}.{member}", block) for member, block in child.named_children())
+        elif _holds_a_list(child):
+            blocks.extend(_blocks(child, f"{path}."))
         else:
-            blocks.append((name, child))
+            blocks.append((path, child))
     return blocks
+
+
+def _holds_a_list(module: nn.Module) -> bool:
+    return any(isinstance(m, nn.ModuleList | nn.ModuleDict) for m in module.modules())
 
 
 class BlockActivations:

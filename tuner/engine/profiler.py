@@ -23,7 +23,7 @@ from tuner.engine.outcome import (
 from tuner.engine.parallel import check_parallel
 from tuner.engine.probe import Prober
 from tuner.engine.search import Strategy, run_search
-from tuner.engine.workload import Workload
+from tuner.engine.workload import Workload, factory_options
 
 
 def profile_workload(
@@ -180,7 +180,8 @@ def peak_advice(probe: ProbeResult, workload: Workload) -> list[str]:
             f"the peak ({format_bytes(probe.peak_allocated_bytes)}) falls in the optimizer "
             f"step, not in forward or backward: a lighter optimizer lowers it (its state is "
             f"{format_bytes(breakdown.optimizer_state_bytes)}; SGD keeps none, foreach=False "
-            "avoids a step's temporary copies); checkpointing would not"
+            f"avoids a step's temporary copies{_optimizer_option(workload)}); checkpointing "
+            "would not"
         ]
     heaviest = heaviest_blocks(breakdown.activations_by_block_bytes)
     if not heaviest:
@@ -205,6 +206,13 @@ def peak_advice(probe: ProbeResult, workload: Workload) -> list[str]:
         f"{'its input' if len(blocks) == 1 else 'their inputs'} and recompute the rest in "
         "backward"
     ]
+
+
+def _optimizer_option(workload: Workload) -> str:
+    """How to choose another optimizer, when the workload's factory takes one."""
+    if "optimizer" not in factory_options(workload):
+        return ""
+    return f"; {workload.target} takes -o optimizer=..."
 
 
 def heaviest_blocks(by_block: dict[str, int], *, share: float = 0.5) -> list[str]:
@@ -233,7 +241,7 @@ def _remedies(workload: Workload, breakdown: MemoryBreakdown | None) -> list[str
     if breakdown is None or breakdown.optimizer_state_bytes > 0:
         remedies.append(
             "a lighter optimizer (SGD without momentum keeps no state; AdamW keeps two copies "
-            "of the weights)"
+            f"of the weights{_optimizer_option(workload)})"
         )
     remedies.append("a device with more memory, or sharding the model across devices")
     return remedies

@@ -14,7 +14,7 @@ import contextlib
 import multiprocessing.connection
 import os
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -25,6 +25,30 @@ from tuner.core.results import ProbeSettings
 
 # The longest a probe may take: the coordinator waits this long for every rank (by default).
 PROBE_TIMEOUT_S = 1800.0
+
+
+# A CPU rank counts every thread's allocations with torch.profiler (see
+# backends/allocations.py), whose C++ side talks on stderr: kineto's USDT and stage lines
+# at every start and stop, and c10's warning that a block allocated before profiling was
+# freed during it. They say nothing about the workload, so a CPU rank starts with them
+# off: c10 warnings below ERROR (read once, when torch loads) and every kineto level
+# (6 is past its highest, USDT). A value the user set stays.
+QUIET_CPU_RANK_ENVIRONMENT = {"TORCH_CPP_LOG_LEVEL": "ERROR", "KINETO_LOG_LEVEL": "6"}
+
+
+@contextlib.contextmanager
+def rank_environment(device: str) -> Iterator[None]:
+    """Around starting rank processes (which inherit this process's environment): the
+    environment a rank on ``device`` needs, put back as it was afterwards."""
+    added = {}
+    if not device.startswith("cuda"):
+        added = {k: v for k, v in QUIET_CPU_RANK_ENVIRONMENT.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def rank_error(exc: BaseException) -> tuple[str, str]:

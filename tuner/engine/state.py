@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import random
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +93,18 @@ def _save_value(value: Any) -> Any:
 
 def _load_value(value: Any) -> Any:
     return value.materialize() if isinstance(value, _SavedTensor) else copy.deepcopy(value)
+
+
+@contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Run a block that may draw random numbers (a dataset's transforms, a collator that
+    masks tokens) and put every RNG stream back afterwards: probing leaves the user's
+    RNG as it found it."""
+    rng = _capture_rng()
+    try:
+        yield
+    finally:
+        _restore_rng(rng)
 
 
 def _capture_rng() -> dict[str, Any]:

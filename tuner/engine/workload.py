@@ -6,6 +6,7 @@ Keyword options given on the command line (``-o precision=bf16``) are passed to 
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import json
@@ -75,6 +76,9 @@ class Workload:
         variants: factory options whose values are alternatives that change memory and
             speed, e.g. ``{"checkpointing": [False, True], "precision": ["fp32", "bf16"]}``;
             ``tuner profile --explore`` profiles every combination and picks the fastest.
+        memory_settings: settings that change memory but show nowhere in the modules, the
+            parameters or the batch (the attention kernel: ``{"attn_implementation":
+            "eager"}``); part of the workload key when given.
 
     Under a world size above 1, ``make_batch(n, rank=r)`` must draw rank r's samples.
     """
@@ -90,6 +94,7 @@ class Workload:
     shard: ShardModelFn | None = None
     tp_plan: TensorParallelPlanFn | None = None
     variants: dict[str, list[object]] = field(default_factory=dict)
+    memory_settings: dict[str, str] = field(default_factory=dict)
     name: str = ""
     target: str | None = field(default=None, compare=False)
     # The factory's keyword options, as load_workload received them: a rank process loads
@@ -217,10 +222,7 @@ def load_workload(target: str, options: Mapping[str, object] | None = None) -> W
         workload = factory
     elif callable(factory):
         options = dict(options or {})
-        try:
-            inspect.signature(factory).bind(**options)
-        except TypeError as exc:
-            raise WorkloadError(f"options {options} do not fit {target}: {exc}") from None
+        _check_options(factory, options, target)
         workload = factory(**options)
     else:
         raise WorkloadError(f"{target!r} is neither a Workload nor a function returning one")
@@ -232,6 +234,35 @@ def load_workload(target: str, options: Mapping[str, object] | None = None) -> W
     workload.target = target
     workload.options = dict(options or {})
     return workload
+
+
+def _check_options(factory: Callable[..., Any], options: dict[str, object], target: str) -> None:
+    """Options the factory's signature does not take are refused in one line that lists
+    the ones it takes (and the nearest, for a misspelling), before the factory runs."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return  # a callable without a signature: the factory checks its own options
+    parameters = signature.parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    unknown = [name for name in options if name not in parameters]
+    if unknown and not takes_any:
+        valid = [
+            name
+            for name, p in parameters.items()
+            if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        ]
+        near = difflib.get_close_matches(unknown[0], valid, n=1)
+        raise WorkloadError(
+            f"options {options} do not fit {target}: {', '.join(map(repr, unknown))} "
+            f"{'is not an option' if len(unknown) == 1 else 'are not options'} of it"
+            + (f" (did you mean {near[0]}?)" if near else "")
+            + f"; its options are {', '.join(valid) or 'none'}"
+        )
+    try:
+        signature.bind(**options)
+    except TypeError as exc:
+        raise WorkloadError(f"options {options} do not fit {target}: {exc}") from None
 
 
 def variant_options(workload: Workload) -> list[dict[str, object]]:
@@ -249,6 +280,21 @@ def variant_options(workload: Workload) -> list[dict[str, object]]:
     current = loaded_values(workload, list(free))
     combinations.sort(key=lambda combination: combination != current)
     return combinations
+
+
+def factory_options(workload: Workload) -> list[str]:
+    """The keyword options of the factory the workload was loaded from (``-o NAME=...``);
+    none for a workload built in Python."""
+    if workload.target is None:
+        return []
+    module_name, _, attr = workload.target.partition(":")
+    factory = getattr(importlib.import_module(module_name), attr, None)
+    if not callable(factory) or isinstance(factory, Workload):
+        return []
+    try:
+        return list(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):
+        return []
 
 
 def loaded_values(workload: Workload, options: list[str]) -> dict[str, object]:

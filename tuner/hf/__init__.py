@@ -4,11 +4,13 @@
 building a workload does (the ``hf`` extra)."""
 
 from tuner.hf.workloads import (
+    OPTIMIZERS,
     TASKS,
     causal_lm,
     image_classification,
     labelled_tokens,
     load_config,
+    optimizer_factory,
     seq2seq_lm,
     sequence_classification,
     shard_blocks,
@@ -17,11 +19,13 @@ from tuner.hf.workloads import (
 )
 
 __all__ = [
+    "OPTIMIZERS",
     "TASKS",
     "causal_lm",
     "image_classification",
     "labelled_tokens",
     "load_config",
+    "optimizer_factory",
     "seq2seq_lm",
     "sequence_classification",
     "shard_blocks",

@@ -23,6 +23,12 @@ and ``loss_units`` counts exactly those targets, ``labels[:, 1:] != -100``; an
 encoder-decoder's is the model's own too (the mean over target tokens, no shift) and
 ``loss_units`` counts ``labels != -100``; a classifier's loss is the mean over samples.
 
+The optimizer is ``adamw`` (two moments a weight), ``adafactor`` (torch's Adafactor:
+factored second moments, about a row and a column a matrix) or ``sgd`` (with momentum 0.9:
+one buffer a weight): ``-o optimizer=adafactor``. ``-o attn_implementation=eager`` (or
+``sdpa``, ...) picks the attention kernel transformers runs, which changes what forward
+saves for backward; it is part of the workload key.
+
 ``transformers`` is an optional extra (``pip install -e '.[hf]'`` in a clone), and so
 is ``peft`` for LoRA adapters (``-o lora=8``): frozen base weights have no gradients and
 no optimizer state, which changes memory a lot.
@@ -30,9 +36,10 @@ no optimizer state, which changes memory a lot.
 
 from __future__ import annotations
 
+import inspect
 import json
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -41,10 +48,14 @@ from torch import nn
 
 from tuner.core.errors import WorkloadError
 from tuner.core.extras import require
-from tuner.engine.workload import PRECISIONS, Workload
+from tuner.engine.workload import PRECISIONS, OptimizerFactory, Workload
 
 Task = Literal["causal-lm", "sequence-classification", "seq2seq-lm", "image-classification"]
 TASKS: tuple[str, ...] = get_args(Task)
+Optimizer = Literal["adamw", "adafactor", "sgd"]
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+# SGD as people train with it: a momentum buffer a weight (plain SGD would keep none).
+SGD_MOMENTUM = 0.9
 IGNORE_INDEX = -100
 Batch = dict[str, torch.Tensor]
 
@@ -70,17 +81,28 @@ def workload(
     lora: int = 0,
     lr: float = 1e-4,
     num_labels: int = 2,
+    optimizer: str = "adamw",
+    attn_implementation: str | None = None,
 ) -> Workload:
     """A ``transformers`` model as a workload, for ``task`` (``causal-lm``,
     ``sequence-classification``, ``seq2seq-lm`` or ``image-classification``). Give
     ``config`` (a ``config.json`` file, a folder holding one, or a dict with ``model_type``)
     or a ``model`` instance. Text tasks take ``seq_len`` (default 512); images have the
-    config's ``image_size`` and take none."""
+    config's ``image_size`` and take none. ``optimizer`` is ``adamw``, ``adafactor`` or
+    ``sgd`` (with momentum); ``attn_implementation`` the attention kernel of a model built
+    from ``config`` (``eager``, ``sdpa``, ...; default: transformers' choice)."""
     transformers = _transformers()
     if task not in TASKS:
         raise WorkloadError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     if precision not in PRECISIONS:
         raise WorkloadError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    if optimizer not in OPTIMIZERS:
+        raise WorkloadError(f"unknown optimizer {optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+    if attn_implementation is not None and model is not None:
+        raise WorkloadError(
+            "attn_implementation applies to a model built from config; for a model you "
+            "pass, build it with the attention you want"
+        )
     if task == "image-classification" and seq_len is not None:
         raise WorkloadError(
             "image-classification takes no seq_len: its images have the config's image_size"
@@ -92,7 +114,7 @@ def workload(
         if task == "sequence-classification" and loaded.pad_token_id is None:
             loaded.pad_token_id = 0  # sequence classifiers find each sample's last token
         torch.manual_seed(0)
-        model = getattr(transformers, _AUTO_CLASSES[task]).from_config(loaded)
+        model = _from_config(transformers, task, loaded, attn_implementation)
     elif config is not None:
         raise WorkloadError("give config or model, not both")
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
@@ -115,10 +137,12 @@ def workload(
             warnings.simplefilter("ignore", DeprecationWarning)
             trained = torch.compile(model)  # type: ignore[assignment]
     make_batch, loss_units = _batches(task, model_config, seq_len, num_labels)
+    settings = {"attn_implementation": attn_implementation} if attn_implementation else {}
     return Workload(
-        name=_name(model_config, task, seq_len, lora),
+        name=_name(model_config, task, seq_len, lora, optimizer, attn_implementation),
         model=trained,
-        optimizer=lambda params: torch.optim.AdamW([p for p in params if p.requires_grad], lr=lr),
+        optimizer=optimizer_factory(optimizer, lr),
+        memory_settings=settings,
         make_batch=make_batch,
         loss_fn=_model_loss,
         loss_units=loss_units,
@@ -145,6 +169,18 @@ def seq2seq_lm(**options: Any) -> Workload:
     return workload(task="seq2seq-lm", **options)
 
 
+def _takes_workloads_options(factory: Callable[..., Workload]) -> None:
+    """Give a task's factory :func:`workload`'s signature, less ``task``: the options a
+    command line checks (a misspelt one is refused in one line that lists them)."""
+    signature = inspect.signature(workload)
+    parameters = [p for name, p in signature.parameters.items() if name != "task"]
+    factory.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+
+
+for _factory in (causal_lm, sequence_classification, seq2seq_lm):
+    _takes_workloads_options(_factory)
+
+
 def image_classification(
     *,
     config: str | Mapping[str, Any] | None = None,
@@ -155,6 +191,8 @@ def image_classification(
     lora: int = 0,
     lr: float = 1e-4,
     num_labels: int = 2,
+    optimizer: str = "adamw",
+    attn_implementation: str | None = None,
 ) -> Workload:
     """An image classifier (``AutoModelForImageClassification``: ViT and others): images of
     the config's ``image_size``, loss per sample. No ``seq_len``, so ``--seq-lens`` refuses it."""
@@ -168,7 +206,23 @@ def image_classification(
         lora=lora,
         lr=lr,
         num_labels=num_labels,
+        optimizer=optimizer,
+        attn_implementation=attn_implementation,
     )
+
+
+def optimizer_factory(name: str, lr: float) -> OptimizerFactory:
+    """``adamw``, ``adafactor`` or ``sgd`` (momentum 0.9) over the trained parameters."""
+
+    def build(params: Iterator[nn.Parameter]) -> torch.optim.Optimizer:
+        trained = [p for p in params if p.requires_grad]
+        if name == "adafactor":
+            return torch.optim.Adafactor(trained, lr=lr)
+        if name == "sgd":
+            return torch.optim.SGD(trained, lr=lr, momentum=SGD_MOMENTUM)
+        return torch.optim.AdamW(trained, lr=lr)
+
+    return build
 
 
 def shard_blocks(model: nn.Module, fully_shard: Callable[[nn.Module], Any]) -> None:
@@ -217,6 +271,18 @@ def load_config(config: str | Mapping[str, Any] | None, transformers: Any) -> An
         ) from None
 
 
+def _from_config(transformers: Any, task: str, config: Any, attention: str | None) -> Any:
+    auto = getattr(transformers, _AUTO_CLASSES[task])
+    if attention is None:
+        return auto.from_config(config)
+    try:
+        return auto.from_config(config, attn_implementation=attention)
+    except (ValueError, ImportError) as exc:
+        # transformers says which kernels exist and which this model supports.
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise WorkloadError(f"attn_implementation={attention!r}: {reason}") from None
+
+
 def _transformers() -> Any:
     require("hf", feature="tuner.hf", modules=("transformers",))
     import transformers
@@ -255,7 +321,14 @@ def _check_length(seq_len: int, config: Any) -> None:
         )
 
 
-def _name(config: Any, task: str, seq_len: int | None, lora: int) -> str:
+def _name(
+    config: Any,
+    task: str,
+    seq_len: int | None,
+    lora: int,
+    optimizer: str = "adamw",
+    attention: str | None = None,
+) -> str:
     layers = (
         getattr(config, "num_hidden_layers", None)
         or getattr(config, "n_layer", None)
@@ -268,7 +341,10 @@ def _name(config: Any, task: str, seq_len: int | None, lora: int) -> str:
     )
     adapters = f"-lora{lora}" if lora else ""
     shape = seq_len if seq_len is not None else f"{getattr(config, 'image_size', '?')}px"
-    return f"hf-{config.model_type}-{task}-{layers}l{width}d-{shape}{adapters}"
+    # The default optimizer and attention keep the names they had.
+    trained = f"-{optimizer}" if optimizer != "adamw" else ""
+    kernel = f"-{attention}" if attention else ""
+    return f"hf-{config.model_type}-{task}-{layers}l{width}d-{shape}{adapters}{trained}{kernel}"
 
 
 def _random_ids(n: int, seq_len: int, vocab: int, rank: int) -> torch.Tensor:

@@ -93,8 +93,9 @@ def add_parser(commands: Any) -> None:
         type=positive_int,
         default=None,
         help="with --parallel fsdp: tensor-parallel ranks in each data-parallel group; the "
-        "--world-size ranks form a (world/tp) × tp mesh split by the workload's tp_plan or "
-        "--parallel-option tp_plan=llama (default 1: no mesh)",
+        "--world-size ranks form a (world/tp) × tp mesh split by the workload's tp_plan, "
+        "--parallel-option tp_plan=auto (a transformers model's own plan) or tp_plan=llama "
+        "(default 1: no mesh)",
     )
     profile.add_argument(
         "--fake-world",
@@ -507,6 +508,7 @@ def _variant_summary(outcome: VariantOutcome, exploration: Exploration) -> Varia
         max_micro_batch_size=outcome.profile.max_micro_batch_size,
         recommendation=outcome.recommendation,
         samples_per_second=outcome.samples_per_second,
+        samples_per_second_spread=outcome.spread,
         chosen=outcome is exploration.chosen,
     )
 

@@ -1,0 +1,76 @@
+"""time_splits: the fewest equal micro batches timed against more, smaller ones, on a real
+LightningModule; a smaller split is chosen only when it is faster by more than the
+spread of the timed rounds, and the global batch stays exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from tests.train.lightning_modules import TokenModel, trainer
+from tuner.train.fastest import TimedSplit, candidate_micro_batches, fastest
+from tuner.train.lightning import TunerCallback
+
+# Lightning's own pytree helper trips a deprecation in this torch; nothing of ours.
+pytestmark = pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)`")
+
+
+@pytest.mark.parametrize(
+    ("per_rank", "largest", "candidates"),
+    [(64, 5, [4, 2, 1]), (256, 64, [64, 32, 16, 8]), (100, 31, [25, 10, 5, 2]), (37, 10, [1])],
+)
+def test_candidates_divide_the_batch_and_halve_from_the_fewest_steps(
+    per_rank: int, largest: int, candidates: list[int]
+) -> None:
+    assert candidate_micro_batches(per_rank, largest) == candidates
+
+
+@pytest.mark.parametrize(
+    ("smaller", "chosen", "says"),
+    [
+        ((120.0, 118.0, 119.0), 16, "more than the spread of the rounds (2%)"),
+        ((103.0, 101.0, 98.0), 32, "3% faster than of 32, within the spread of the rounds (5%)"),
+        ((90.0, 89.0, 88.0), 32, "the fewest micro batches were also the fastest"),
+    ],
+    ids=["beyond-spread", "within-spread", "fewest-fastest"],
+)
+def test_a_smaller_split_wins_only_beyond_the_spread(
+    smaller: tuple[float, ...], chosen: int, says: str
+) -> None:
+    fewest = TimedSplit(32, (100.0, 99.0, 98.0))
+    picked, why = fastest([fewest, TimedSplit(16, smaller)])
+    assert picked.micro_batch_size == chosen
+    assert says in why
+
+
+def test_the_callback_times_its_candidates_and_keeps_the_global_batch(tmp_path: Path) -> None:
+    module = TokenModel()
+    weights = {k: v.clone() for k, v in module.state_dict().items()}
+    tuner = TunerCallback(
+        global_batch_size=64,
+        device="cpu",
+        memory_limit="2MiB",
+        client=f"sqlite:///{tmp_path / 'tuner.db'}",
+        time_splits=True,
+    )
+    seen: dict[str, torch.Tensor] = {}
+
+    class Snapshot(pl.Callback):
+        def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            seen.update({k: v.clone() for k, v in pl_module.state_dict().items()})
+
+    fitted = trainer([tuner, Snapshot()], str(tmp_path))
+    fitted.fit(module)
+    tuned = tuner.tuned
+    assert tuned is not None
+    # M* is 5 for the longest sample at 2 MiB: 4, 2 and 1 divide 64.
+    assert [t.micro_batch_size for t in tuned.timed] == [4, 2, 1]
+    assert all(len(t.speeds) == 3 and t.samples_per_second > 0 for t in tuned.timed)
+    picked, why = fastest(list(tuned.timed))
+    assert (tuned.micro_batch_size, tuned.timing_reason) == (picked.micro_batch_size, why)
+    assert module.batch_size * fitted.accumulate_grad_batches == 64
+    assert tuned.timing_s > 0
+    assert all(torch.equal(seen[k], weights[k]) for k in weights)  # timing trained nothing
