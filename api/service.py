@@ -13,9 +13,12 @@ from api import models
 from api.answers import recommendation as answers
 from api.db import Database
 from api.models import utcnow
-from api.schemas.jobs import JobClaim, JobCreate, JobPublic, JobQuery, JobsPublic, Lease
-from api.schemas.oom_reports import OomReportCreate, OomReportPublic
-from api.schemas.profiles import (
+from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
+from api.security import Principal
+from api.store import jobs, oom_reports, profiles
+from tuner.core.wire.jobs import JobClaim, JobCreate, JobPublic, JobQuery, JobsPublic, Lease
+from tuner.core.wire.oom_reports import OomReportCreate, OomReportPublic
+from tuner.core.wire.profiles import (
     PrintedProfile,
     ProfileCreate,
     ProfilePublic,
@@ -24,10 +27,7 @@ from api.schemas.profiles import (
     ProfilesCreated,
     ProfilesPublic,
 )
-from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
-from api.schemas.workers import WorkerCreate, WorkerPublic
-from api.security import Principal
-from api.store import jobs, oom_reports, profiles
+from tuner.core.wire.workers import WorkerCreate, WorkerPublic
 
 
 def recommend(db: Database, query: RecommendationQuery) -> RecommendationPublic:

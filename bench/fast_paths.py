@@ -97,7 +97,7 @@ def fastapi_query_model(app: Any) -> Iterator[None]:
     (it would answer first)."""
     from api.answers.cached import cached_or_computed
     from api.deps import authorize, current_generation
-    from api.schemas.common import API_PREFIX
+    from tuner.core.wire.common import API_PREFIX
 
     async def by_fastapi(
         request: Request, query: Annotated[RecommendationQuery, Query()]

@@ -19,12 +19,12 @@ from sqlalchemy.orm import Session, aliased
 from api import models
 from api.answers.devices import DeviceResult, on_every_device
 from api.dashboard.format import fmt_bytes, mode_label, oom_cap, variant_text
-from api.schemas.profiles import ProfilePublic
 from api.store.oom_reports import smallest_limit
 from api.store.profiles import get_profile, get_workload, to_public
 from api.store.recommendation import newest_fit
 from tuner.core.errors import NotFoundError
 from tuner.core.results import ProbeResult
+from tuner.core.wire.profiles import ProfilePublic
 
 SortKey = Literal["created", "mstar", "headroom", "workload", "device"]
 SORT_KEYS: tuple[SortKey, ...] = ("created", "mstar", "headroom", "workload", "device")

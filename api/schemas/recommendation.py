@@ -6,11 +6,11 @@ from datetime import datetime
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from api.schemas.common import Reference, RequestModel
 from tuner.core import plan
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import ParallelMode
 from tuner.core.shape import MeshShape
+from tuner.core.wire.common import Reference, RequestModel
 
 # One step's split lists every micro batch, so the batch bounds the size of the answer.
 MAX_GLOBAL_BATCH_SIZE = 2**20

@@ -46,8 +46,8 @@ from sqlalchemy import (
 )
 
 from api import models
-from api.schemas.common import API_PREFIX
 from tuner.core.errors import NotFoundError
+from tuner.core.wire.common import API_PREFIX
 
 Named = type[models.Workload] | type[models.Device]
 

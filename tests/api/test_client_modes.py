@@ -12,10 +12,7 @@ import pytest
 
 from api import migrate
 from api.db import Database
-from api.schemas.devices import DeviceInfoCreate
-from api.schemas.jobs import JobPublic
 from api.schemas.recommendation import RecommendationPublic
-from api.schemas.workers import WorkerCreate
 from api.security import Principal
 from api.store import jobs
 from tests.api.builders import profile_with_speeds
@@ -25,6 +22,9 @@ from tests.helpers import run_python
 from tests.services import ServerThread
 from tuner.client import TunerClient
 from tuner.core.errors import BadInputError, NotFoundError, NothingFitsError, TunerError
+from tuner.core.wire.devices import DeviceInfoCreate
+from tuner.core.wire.jobs import JobPublic
+from tuner.core.wire.workers import WorkerCreate
 
 MODES = ["http", "embedded"]
 

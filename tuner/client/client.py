@@ -35,10 +35,6 @@ from typing import Any, overload
 from pydantic import Field, JsonValue, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from api.schemas.common import API_PREFIX
-from api.schemas.jobs import JobPublic
-from api.schemas.oom_reports import OomReportPublic
-from api.schemas.profiles import ProfilePublic, ProfilesPublic
 from api.schemas.recommendation import RecommendationPublic
 from tuner.client.answer_cache import AnswerCache, Question, default_cache_dir
 from tuner.client.store import open_store
@@ -47,6 +43,10 @@ from tuner.core.errors import BadInputError, ServiceUnavailableError, TunerError
 from tuner.core.reports import ProfileReport
 from tuner.core.results import Profile
 from tuner.core.shape import MeshShape
+from tuner.core.wire.common import API_PREFIX
+from tuner.core.wire.jobs import JobPublic
+from tuner.core.wire.oom_reports import OomReportPublic
+from tuner.core.wire.profiles import ProfilePublic, ProfilesPublic
 
 FINISHED = ("succeeded", "failed")
 

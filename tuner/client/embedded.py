@@ -23,8 +23,12 @@ from api.config import ServiceSettings
 from api.db import Database
 from api.errors import describe_invalid
 from api.migrate import prepare_database
-from api.schemas.common import Id
-from api.schemas.jobs import (
+from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
+from api.security import SCOPES, Principal
+from tuner.client.answer_cache import redact
+from tuner.core.errors import BadInputError, ServiceUnavailableError
+from tuner.core.wire.common import Id
+from tuner.core.wire.jobs import (
     JobClaim,
     JobCreate,
     JobFailure,
@@ -33,13 +37,9 @@ from api.schemas.jobs import (
     Lease,
     LeaseRef,
 )
-from api.schemas.oom_reports import OomReportCreate, OomReportPublic
-from api.schemas.profiles import ProfileCreate, ProfilePublic, ProfileQuery, ProfilesPublic
-from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
-from api.schemas.workers import WorkerCreate, WorkerPublic
-from api.security import SCOPES, Principal
-from tuner.client.answer_cache import redact
-from tuner.core.errors import BadInputError, ServiceUnavailableError
+from tuner.core.wire.oom_reports import OomReportCreate, OomReportPublic
+from tuner.core.wire.profiles import ProfileCreate, ProfilePublic, ProfileQuery, ProfilesPublic
+from tuner.core.wire.workers import WorkerCreate, WorkerPublic
 
 Request = TypeVar("Request", bound=BaseModel)
 _ROW_ID: TypeAdapter[int] = TypeAdapter(Id)

@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from api.schemas.jobs import JobClaim, JobPublic, Lease
-from api.schemas.oom_reports import OomReportPublic
-from api.schemas.profiles import ProfilePublic, ProfilesPublic
 from api.schemas.recommendation import RecommendationPublic
-from api.schemas.workers import WorkerPublic
 from tuner.client.answer_cache import redact
 from tuner.core.errors import BadInputError
+from tuner.core.wire.jobs import JobClaim, JobPublic, Lease
+from tuner.core.wire.oom_reports import OomReportPublic
+from tuner.core.wire.profiles import ProfilePublic, ProfilesPublic
+from tuner.core.wire.workers import WorkerPublic
 
 __all__ = ["JobClaim", "JobPublic", "Lease", "Store", "WorkerPublic", "open_store"]
 

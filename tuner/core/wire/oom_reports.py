@@ -7,7 +7,7 @@ from typing import Self
 
 from pydantic import BaseModel, Field, model_validator
 
-from api.schemas.common import IdempotencyKey, LongText, PositiveInt32, Reference, RequestModel
+from tuner.core.wire.common import IdempotencyKey, LongText, PositiveInt32, Reference, RequestModel
 
 
 class OomReportCreate(RequestModel):
