@@ -1,6 +1,6 @@
 """What the service does for each call a client or a worker makes, once.
 
-The REST routes (``api/routes``) and the embedded store (``tuner.client.embedded``) both
+The REST routes (``api/routes``) and the embedded store (``api.embedded``) both
 call these: each takes the request already checked against its schema, runs the store in
 a session of the right kind, and returns the response schema (with whether a write created
 something, which the route turns into 201 or 200). The routes add only HTTP (tokens,

@@ -13,7 +13,7 @@ The URL chooses the store behind the same methods: ``http(s)://…`` is the serv
 API; ``sqlite:///path`` (or ``postgresql://…``) runs the service's own store functions in
 this process, with no server (it needs ``pip install 'microbatch-tuner[server]'``).
 
-Answers are the service's own schemas (``api.schemas``, pydantic only); errors are the
+Answers are the wire contract's schemas (``tuner.core.wire``, pydantic only); errors are the
 ``tuner.core.errors`` type the service raised, with its message. The client never crashes
 training for want of a service: requests time out and are retried a bounded number of
 times, and when the service still cannot be reached, ``recommend`` answers with the last
@@ -35,7 +35,7 @@ from typing import Any, overload
 from pydantic import Field, JsonValue, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from api.schemas.recommendation import RecommendationPublic
+from api.schemas.recommendation import RecommendationPublic as RecommendationPublic
 from tuner.client.answer_cache import AnswerCache, Question, default_cache_dir
 from tuner.client.store import open_store
 from tuner.core import plan

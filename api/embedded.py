@@ -1,12 +1,14 @@
-"""The store in this process: ``sqlite:///…`` or ``postgresql://…`` without a server.
+"""The client's store in this process: ``sqlite:///…`` or ``postgresql://…`` without a
+server (:class:`tuner.client.store.Store`).
 
 Each method calls the service function its route calls (``api.service``): the same request
 schema checks its input first (a failure is the same ``BadInputError`` the service would
 answer with a 422), and the same response schema comes back. No token is checked: whoever
 can open the database holds every scope.
 
-Imported only when a client is given a database URL, since it needs the server extra
-(SQLAlchemy, Alembic, psycopg).
+The client finds it through the ``tuner.stores`` entry points (``pyproject.toml``), and
+imports it only when given a database URL, since it needs the server extra (SQLAlchemy,
+Alembic, psycopg).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from api.errors import describe_invalid
 from api.migrate import prepare_database
 from api.schemas.recommendation import RecommendationPublic, RecommendationQuery
 from api.security import SCOPES, Principal
-from tuner.client.answer_cache import redact
 from tuner.core.errors import BadInputError, ServiceUnavailableError
+from tuner.core.urls import redact
 from tuner.core.wire.common import Id
 from tuner.core.wire.jobs import (
     JobClaim,
