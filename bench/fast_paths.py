@@ -220,6 +220,18 @@ def answers_under_each(app: Any, url: str, paths: list[str], token: str) -> dict
     return said
 
 
+def check_agreement(said: dict[str, list[bytes]]) -> None:
+    """Before anything is timed: each fast path off answers the bytes served (but for the
+    age), measured answers and estimated ones alike; else the run stops, saying which."""
+    served = said["all on (as served)"]
+    for basis in ("measured", "estimated"):
+        if not any(f'"basis":"{basis}"'.encode() in answer for answer in served):
+            raise SystemExit(f"no {basis} answer among the questions checked: ask more of them")
+    differ = [name for name, answers in said.items() if answers != served]
+    if differ:
+        raise SystemExit(f"{', '.join(differ)} answered differently: fix it before timing it")
+
+
 def main(argv: list[str] | None = None) -> int:
     from api.config import ServiceSettings
     from api.main import create_app
@@ -238,9 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     fleet = paths[:200] * (5 if args.quick else 25)
 
     variants = variants_of(app, url)
-    said = answers_under_each(app, url, paths[:300], token)
-    if any(answers != said[variants[0][0]] for answers in said.values()):
-        raise SystemExit("a variant answered differently: fix it before timing it")
+    check_agreement(answers_under_each(app, url, paths[:300], token))
     # Warm every path once (imports, statement caches, the middleware stack).
     for _, switch in variants:
         with switch():
