@@ -26,9 +26,9 @@ from api.routes import (
     workers,
     workloads,
 )
-from api.schemas.common import API_PREFIX
 from api.store.generation import DirectReader
 from tuner.core import __version__
+from tuner.core.wire.common import API_PREFIX
 
 
 def create_app(settings: ServiceSettings | None = None, *, prepare: bool = True) -> FastAPI:

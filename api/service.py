@@ -1,6 +1,6 @@
 """What the service does for each call a client or a worker makes, once.
 
-The REST routes (``api/routes``) and the embedded store (``tuner.client.embedded``) both
+The REST routes (``api/routes``) and the embedded store (``api.embedded``) both
 call these: each takes the request already checked against its schema, runs the store in
 a session of the right kind, and returns the response schema (with whether a write created
 something, which the route turns into 201 or 200). The routes add only HTTP (tokens,
@@ -12,9 +12,13 @@ from __future__ import annotations
 from api import models
 from api.db import Database
 from api.models import utcnow
-from api.schemas.jobs import JobClaim, JobCreate, JobPublic, JobQuery, JobsPublic, Lease
-from api.schemas.oom_reports import OomReportCreate, OomReportPublic
-from api.schemas.profiles import (
+from api.security import Principal
+from api.store import jobs, oom_reports, profiles
+from api.store.evidence import SqlEvidence
+from tuner.answer import decide
+from tuner.core.wire.jobs import JobClaim, JobCreate, JobPublic, JobQuery, JobsPublic, Lease
+from tuner.core.wire.oom_reports import OomReportCreate, OomReportPublic
+from tuner.core.wire.profiles import (
     PrintedProfile,
     ProfileCreate,
     ProfilePublic,
@@ -23,12 +27,8 @@ from api.schemas.profiles import (
     ProfilesCreated,
     ProfilesPublic,
 )
-from api.schemas.workers import WorkerCreate, WorkerPublic
-from api.security import Principal
-from api.store import jobs, oom_reports, profiles
-from api.store.evidence import SqlEvidence
-from tuner.answer import decide
 from tuner.core.wire.recommendation import RecommendationPublic, RecommendationQuery
+from tuner.core.wire.workers import WorkerCreate, WorkerPublic
 
 
 def recommend(db: Database, query: RecommendationQuery) -> RecommendationPublic:

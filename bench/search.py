@@ -25,7 +25,9 @@ All strategies share one probe (2 warm-up steps, 1 measured step of 2 micro batc
 Run: ``python bench/search.py`` (about 20 minutes on 2 cores), or ``--quick`` for a
 smoke run that writes nothing. ``--curves DIR --results DIR --only gpt,cnn`` measures
 some workloads in one process (several can run side by side); a last run with the same
-directories and no ``--only`` writes the section from them all.
+directories and no ``--only`` writes the section from them all. Every run first runs
+``bench/test_baselines.py``: the baselines must behave as their tools document before
+they are compared.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import dataclasses
 import json
 import math
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -43,13 +46,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.baselines import BASELINES, model_previous
 from bench.common import machine_line, markdown_table, write_section
 from tuner.core.results import ProbeResult
 from tuner.engine.backends import CpuBackend
 from tuner.engine.dry_run import DryRun
 from tuner.engine.probe import Prober
 from tuner.engine.search import STRATEGIES, PredictFn, SearchOutcome, model_search
-from tuner.engine.search.baselines import BASELINES, model_previous
 from tuner.engine.workload import load_workload
 
 HEADROOM = 0.05
@@ -403,6 +406,15 @@ def case_result(
     return result
 
 
+def check_baselines() -> None:
+    """Stop before measuring anything unless the baselines behave as their tools document
+    and the previous rules are the ones compared with (``bench/test_baselines.py``)."""
+    checks = Path(__file__).with_name("test_baselines.py")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(checks)]
+    if subprocess.run(command, cwd=checks.parent.parent, check=False).returncode != 0:
+        raise SystemExit(f"{checks.name} failed: the baselines would be compared wrongly")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small smoke run; writes nothing")
@@ -430,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated workloads to measure (with --results); writes nothing",
     )
     args = parser.parse_args(argv)
+    check_baselines()
     cases = QUICK_CASES if args.quick else CASES
     if args.only is not None:
         cases = [case for case in cases if case.label in args.only.split(",")]

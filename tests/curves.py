@@ -84,6 +84,13 @@ def affine_with_jump(fixed: int, slope: int, at: int, jump: int) -> Callable[[in
     return lambda m: fixed + slope * m + (jump if m >= at else 0)
 
 
+def kinked(resident: int) -> Callable[[int], int]:
+    """The shape measured on small models: at size 1 the peak holds weight-sized
+    temporaries (16 KiB here) that larger sizes hide, so the curve is the larger of two
+    lines and the one through size 1 is flatter than the one that binds near ``M*``."""
+    return lambda m: resident + max(16_648 + 1_160 * m, 2_608 + 1_456 * m)
+
+
 def two_phases(
     accumulate: Callable[[int], int], optimizer: Callable[[int], int], granule: int = 1
 ) -> tuple[Callable[[int], int], dict[str, Callable[[int], int]]]:

@@ -1,8 +1,10 @@
 """Imports go down only: each package of ``tuner`` and the service may import the packages
 below it and nothing above (``cli`` and ``worker`` may use everything beneath them; the
-core imports nothing of ours), and no two modules import each other, however indirectly.
-Checked on the source with ``ast``, lazy imports inside functions and ``TYPE_CHECKING``
-blocks included, so a forbidden import fails here even when no test happens to execute it."""
+core imports nothing of ours), nothing under ``tuner/`` imports the service (``api``), no
+test imports the benchmarks (``bench``), and no two modules import each other, however
+indirectly. Checked on the source with ``ast``, lazy imports inside functions and
+``TYPE_CHECKING`` blocks included, so a forbidden import fails here even when no test
+happens to execute it."""
 
 from __future__ import annotations
 
@@ -16,15 +18,17 @@ import pytest
 from tests.helpers import REPO_ROOT
 
 # What each package may import besides itself. ``api`` is the service: it stands on the
-# core and the answer (both torch-free; it never imports torch); the client speaks its
-# schemas and, embedded, runs its store in-process.
+# core and the answer (both torch-free; it never imports torch). The client and the worker
+# speak the wire contract of the core (``tuner.core.wire``); what the service adds to them
+# (the in-process store, the ``serve``, ``token`` and ``db`` commands) they find through
+# entry points, never by import.
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "tuner.core": frozenset(),
     "tuner.answer": frozenset({"tuner.core"}),
     "tuner.engine": frozenset({"tuner.core"}),
     "tuner.hf": frozenset({"tuner.core", "tuner.engine"}),
     "api": frozenset({"tuner.core", "tuner.answer"}),
-    "tuner.client": frozenset({"tuner.core", "api"}),
+    "tuner.client": frozenset({"tuner.core"}),
     "tuner.train": frozenset({"tuner.core", "tuner.answer", "tuner.engine", "tuner.client"}),
     "tuner.worker": frozenset({"tuner.core", "tuner.engine", "tuner.client"}),
     "tuner.cli": frozenset(
@@ -35,7 +39,6 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
             "tuner.client",
             "tuner.train",
             "tuner.worker",
-            "api",
         }
     ),
 }
@@ -96,6 +99,29 @@ def violations(root: Path) -> list[str]:
             what = target_layer or ("the package root" if target.startswith(FACADE) else target)
             found.append(f"{path.relative_to(root)}:{line}: {layer} imports {target} ({what})")
     return found
+
+
+def imports_of(root: Path, package: str, forbidden: str) -> list[tuple[str, str]]:
+    """``(file:line, what)`` for each import of ``forbidden`` (a top-level package) in a
+    module under ``root / package``, wherever it stands in the module."""
+    found = []
+    for path in sorted((root / package).glob("**/*.py")):
+        module = _module_name(path, root)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for line, target in _imported(tree, module, path.name == "__init__.py"):
+            if target.partition(".")[0] == forbidden:
+                found.append((f"{path.relative_to(root)}:{line}", target))
+    return found
+
+
+def service_imports(root: Path) -> list[str]:
+    """One line per import of the service (``api``) under ``root / "tuner"``."""
+    return [f"{where}: imports {target}" for where, target in imports_of(root, "tuner", "api")]
+
+
+def bench_imports(root: Path) -> list[str]:
+    """One line per import of the benchmarks (``bench``) under ``root / "tests"``."""
+    return [f"{where}: imports {target}" for where, target in imports_of(root, "tests", "bench")]
 
 
 # Where import circles are looked for: the product and the benchmarks beside it.
@@ -174,6 +200,18 @@ def test_no_package_imports_one_above_it() -> None:
     assert violations(REPO_ROOT) == []
 
 
+def test_nothing_under_tuner_imports_the_service() -> None:
+    found = service_imports(REPO_ROOT)
+    assert found == [], "\n".join(found)
+
+
+def test_no_test_imports_the_benchmarks() -> None:
+    found = bench_imports(REPO_ROOT)
+    assert found == [], "a check that needs bench/ belongs to the benchmark that runs it:\n" + (
+        "\n".join(found)
+    )
+
+
 def test_no_modules_import_each_other() -> None:
     circles = import_cycles(REPO_ROOT)
     assert circles == [], "\n".join(circles)
@@ -229,6 +267,12 @@ def tree_copy(tmp_path: Path) -> Path:
             "from tuner.engine.probe import run_probe\n",
             "api imports tuner.engine.probe",
         ),
+        (
+            "tuner/client/leak.py",
+            "def later():\n    from api.service import recommend\n",
+            "tuner.client imports api.service.recommend",
+        ),
+        ("tuner/cli/leak.py", "import api.main\n", "tuner.cli imports api.main"),
     ],
 )
 def test_an_upward_import_in_a_temporary_module_is_found(
@@ -287,5 +331,41 @@ def test_downward_and_relative_imports_inside_a_package_are_allowed(tree_copy: P
     (tree_copy / "tuner/train/fine.py").write_text(
         "from tuner.core import plan\nfrom tuner.engine import probe\nfrom . import accumulate\n"
     )
-    (tree_copy / "tuner/cli/fine.py").write_text("from tuner.worker import loop\nimport api.main\n")
+    (tree_copy / "tuner/cli/fine.py").write_text("from tuner.worker import loop\n")
     assert violations(tree_copy) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import api\n",
+        "from api.cli import serve\n",
+        "import typing\nif typing.TYPE_CHECKING:\n    from api.db import Database\n",
+        "def later():\n    import api.embedded\n",
+        "def later():\n    from ..core.wire import common\n    from api import service\n",
+    ],
+)
+def test_an_import_of_the_service_under_tuner_is_found(tree_copy: Path, source: str) -> None:
+    assert service_imports(tree_copy) == []
+    (tree_copy / "tuner/worker/leak.py").write_text(source)
+    found = service_imports(tree_copy)
+    assert len(found) == 1, found
+    assert found[0].startswith("tuner/worker/leak.py:")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import bench.search\n",
+        "from bench import seqlen\n",
+        "def later():\n    from bench.service import fill_store\n",
+    ],
+)
+def test_a_test_importing_the_benchmarks_is_found(tmp_path: Path, source: str) -> None:
+    (tmp_path / "tests" / "engine").mkdir(parents=True)
+    (tmp_path / "tests" / "engine" / "test_fine.py").write_text("from tests.curves import Curve\n")
+    assert bench_imports(tmp_path) == []
+    (tmp_path / "tests" / "engine" / "test_leak.py").write_text(source)
+    found = bench_imports(tmp_path)
+    assert len(found) == 1, found
+    assert found[0].startswith("tests/engine/test_leak.py:")

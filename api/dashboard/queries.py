@@ -18,7 +18,6 @@ from sqlalchemy.orm import Session, aliased
 
 from api import models
 from api.dashboard.format import fmt_bytes, mode_label, oom_cap, variant_text
-from api.schemas.profiles import ProfilePublic
 from api.store.evidence import SqlEvidence, device_row
 from api.store.profiles import find_device, find_workload, get_profile, get_workload, to_public
 from tuner.answer import current
@@ -26,6 +25,7 @@ from tuner.answer.devices import DeviceResult, on_every_device
 from tuner.core.errors import NotFoundError
 from tuner.core.results import ProbeResult
 from tuner.core.shape import ONE_PROCESS
+from tuner.core.wire.profiles import ProfilePublic
 
 SortKey = Literal["created", "mstar", "headroom", "workload", "device"]
 SORT_KEYS: tuple[SortKey, ...] = ("created", "mstar", "headroom", "workload", "device")

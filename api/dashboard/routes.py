@@ -42,11 +42,11 @@ from api.dashboard.worlds import world_sizes
 from api.db import Database
 from api.deps import TOKEN_COOKIE, DatabaseDep, ReadAccess, SettingsDep, authorize
 from api.errors import STATUS_BY_CODE
-from api.schemas.common import INT32_MAX
 from api.security import Principal
 from api.store.tokens import authenticate
 from tuner.core.errors import AuthenticationError, BadInputError, TunerError
 from tuner.core.results import OUTSIDE_BLOCKS
+from tuner.core.wire.common import INT32_MAX
 
 LOGIN_REASONS = {
     "expired": "Your token is no longer accepted (revoked or unknown): sign in with a valid one.",

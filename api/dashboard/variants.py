@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from api.dashboard.format import variant_text
-from api.schemas.variants import VariantPublic
 from api.store.profiles import get_profile
 from api.store.variants import variants_of
+from tuner.core.wire.variants import VariantPublic
 
 
 @dataclass(frozen=True)

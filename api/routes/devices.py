@@ -7,9 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import DatabaseDep, ReadAccess, UploadAccess
-from api.schemas.common import INT32_MAX
-from api.schemas.devices import DeviceCreate, DevicePublic, DeviceQuery, DevicesPublic
 from api.store import profiles as store
+from tuner.core.wire.common import INT32_MAX
+from tuner.core.wire.devices import DeviceCreate, DevicePublic, DeviceQuery, DevicesPublic
 
 router = APIRouter(prefix="/devices", tags=["devices"])
 

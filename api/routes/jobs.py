@@ -8,8 +8,8 @@ from fastapi import APIRouter, Path, Query, Response, status
 
 from api import service
 from api.deps import DatabaseDep, ReadAccess, SettingsDep, WorkerAccess, WriteAccess
-from api.schemas.common import INT32_MAX
-from api.schemas.jobs import (
+from tuner.core.wire.common import INT32_MAX
+from tuner.core.wire.jobs import (
     JobCreate,
     JobFailure,
     JobPublic,

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response, status
 
 from api import service
 from api.deps import DatabaseDep, WriteAccess
-from api.schemas.oom_reports import OomReportCreate, OomReportPublic
+from tuner.core.wire.oom_reports import OomReportCreate, OomReportPublic
 
 router = APIRouter(prefix="/oom-reports", tags=["oom-reports"])
 

@@ -8,17 +8,17 @@ from fastapi import APIRouter, Path, Query, Response, status
 
 from api import service
 from api.deps import DatabaseDep, ReadAccess, UploadAccess
-from api.schemas.common import INT32_MAX
-from api.schemas.profiles import (
+from api.store import profiles as store
+from api.store.variants import variants_of
+from tuner.core.wire.common import INT32_MAX
+from tuner.core.wire.profiles import (
     PrintedProfile,
     ProfilePublic,
     ProfileQuery,
     ProfilesCreated,
     ProfilesPublic,
 )
-from api.schemas.variants import VariantsPublic
-from api.store import profiles as store
-from api.store.variants import variants_of
+from tuner.core.wire.variants import VariantsPublic
 
 router = APIRouter(prefix="/profiles", tags=["profiles"])
 

@@ -8,10 +8,10 @@ from fastapi import APIRouter, Path, Query, Response, status
 
 from api import service
 from api.deps import DatabaseDep, ReadAccess, SettingsDep, WorkerAccess
-from api.schemas.common import INT32_MAX
-from api.schemas.jobs import JobClaim
-from api.schemas.workers import WorkerCreate, WorkerPublic, WorkersPublic
 from api.store import jobs as store
+from tuner.core.wire.common import INT32_MAX
+from tuner.core.wire.jobs import JobClaim
+from tuner.core.wire.workers import WorkerCreate, WorkerPublic, WorkersPublic
 
 router = APIRouter(prefix="/workers", tags=["workers"])
 

@@ -7,9 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import DatabaseDep, ReadAccess, UploadAccess
-from api.schemas.common import INT32_MAX
-from api.schemas.workloads import WorkloadCreate, WorkloadPublic, WorkloadQuery, WorkloadsPublic
 from api.store import profiles as store
+from tuner.core.wire.common import INT32_MAX
+from tuner.core.wire.workloads import WorkloadCreate, WorkloadPublic, WorkloadQuery, WorkloadsPublic
 
 router = APIRouter(prefix="/workloads", tags=["workloads"])
 

@@ -23,9 +23,6 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from api import models
-from api.schemas.common import API_PREFIX
-from api.schemas.jobs import JobCreate, JobQuery
-from api.schemas.workers import WorkerCreate
 from api.security import Principal
 from api.store.idempotency import insert_once, replayed, request_digest
 from api.store.paging import keyset_page
@@ -33,6 +30,9 @@ from api.store.profiles import add_profile, upsert_device
 from api.store.rows import get_or_404
 from tuner.core import results
 from tuner.core.errors import BadInputError, ConflictError, PermissionDeniedError
+from tuner.core.wire.common import API_PREFIX
+from tuner.core.wire.jobs import JobCreate, JobQuery
+from tuner.core.wire.workers import WorkerCreate
 
 
 @dataclass(frozen=True)

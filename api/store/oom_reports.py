@@ -14,11 +14,11 @@ from sqlalchemy import func
 from sqlalchemy.orm import Session
 
 from api import models
-from api.schemas.oom_reports import OomReportCreate, OomReportPublic
 from api.store.generation import mark_changed
 from api.store.idempotency import insert_once, replayed, request_digest
 from api.store.profiles import find_device, find_workload, get_profile
 from tuner.core.errors import BadInputError
+from tuner.core.wire.oom_reports import OomReportCreate, OomReportPublic
 
 
 def smallest_limit(oom: type[models.OomReport]) -> Any:

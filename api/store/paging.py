@@ -12,7 +12,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql.base import ExecutableOption
 
 from api.models import UTCDateTime
-from api.schemas.common import Cursor, PageQuery
+from tuner.core.wire.common import Cursor, PageQuery
 
 
 class _Keyed(Protocol):

@@ -16,10 +16,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session, lazyload
 
 from api import models
-from api.schemas.common import API_PREFIX, PageQuery
-from api.schemas.devices import DeviceCreate
-from api.schemas.profiles import ProfilePublic, ProfileQuery, ProfileSummary
-from api.schemas.workloads import WorkloadCreate
 from api.store.evidence import SqlEvidence
 from api.store.generation import mark_changed
 from api.store.paging import keyset_page
@@ -30,6 +26,10 @@ from tuner.answer.evidence import ProfileRow, workload_info
 from tuner.core import results
 from tuner.core.errors import ConflictError
 from tuner.core.parallel import Parallel
+from tuner.core.wire.common import API_PREFIX, PageQuery
+from tuner.core.wire.devices import DeviceCreate
+from tuner.core.wire.profiles import ProfilePublic, ProfileQuery, ProfileSummary
+from tuner.core.wire.workloads import WorkloadCreate
 
 Keyed = TypeVar("Keyed", models.Device, models.Workload)
 

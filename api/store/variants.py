@@ -9,9 +9,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api import models
-from api.schemas.variants import VariantPublic, VariantsPublic
 from tuner.core import results
 from tuner.core.errors import ConflictError
+from tuner.core.wire.variants import VariantPublic, VariantsPublic
 
 
 def variant_columns(profile: results.Profile) -> dict[str, Any]:

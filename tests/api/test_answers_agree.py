@@ -24,6 +24,7 @@ import pytest
 from api import migrate
 from api.config import ServiceSettings
 from api.db import Database
+from api.embedded import EmbeddedStore
 from api.errors import STATUS_BY_CODE
 from api.main import create_app
 from tests.api.conftest import fresh_postgres_database, make_token
@@ -31,7 +32,6 @@ from tests.api.documents import MiB, sample_probe, sample_profile
 from tests.dashboard.data import nothing_fits_profile, store
 from tests.dashboard.test_world_sizes import DDP_KEY, ddp_profile
 from tests.services import ServerThread
-from tuner.client.embedded import EmbeddedStore
 from tuner.core.errors import TunerError
 from tuner.core.results import AffineFit, Profile
 

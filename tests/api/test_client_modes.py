@@ -12,9 +12,7 @@ import pytest
 
 from api import migrate
 from api.db import Database
-from api.schemas.devices import DeviceInfoCreate
-from api.schemas.jobs import JobPublic
-from api.schemas.workers import WorkerCreate
+from api.embedded import EmbeddedStore
 from api.security import Principal
 from api.store import jobs
 from tests.api.builders import profile_with_speeds
@@ -23,8 +21,12 @@ from tests.api.jobs_helpers import DEVICE_KEY, DEVICE_NAME, TARGET
 from tests.helpers import run_python
 from tests.services import ServerThread
 from tuner.client import TunerClient
+from tuner.client.store import DATABASE_SCHEMES, _database_store
 from tuner.core.errors import BadInputError, NotFoundError, NothingFitsError, TunerError
+from tuner.core.wire.devices import DeviceInfoCreate
+from tuner.core.wire.jobs import JobPublic
 from tuner.core.wire.recommendation import RecommendationPublic
+from tuner.core.wire.workers import WorkerCreate
 
 MODES = ["http", "embedded"]
 
@@ -239,6 +241,13 @@ def test_embedded_mode_without_the_server_extra_says_how_to_install_it(tmp_path:
     assert child.returncode == 0, child.stderr
     assert "pip install -e '.[server]'" in child.stdout
     assert "sqlalchemy" in child.stdout
+
+
+def test_the_database_stores_are_the_services_found_by_their_entry_points() -> None:
+    # The client names no module of the service: the service declares its store.
+    assert {scheme: _database_store(scheme) for scheme in DATABASE_SCHEMES} == dict.fromkeys(
+        DATABASE_SCHEMES, EmbeddedStore
+    )
 
 
 def test_the_client_stays_light_until_a_database_url_is_used(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from api.schemas.common import INT32_MAX
 from tests.api.builders import error_of
 from tests.api.documents import sample_probe, sample_profile
+from tuner.core.wire.common import INT32_MAX
 
 
 def _document(max_micro_batch_size: int, sizes: dict[int, bool], **update: Any) -> dict[str, Any]:

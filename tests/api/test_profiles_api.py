@@ -14,12 +14,12 @@ import pytest
 from api.config import ServiceSettings
 from api.db import Database
 from api.main import create_app
-from api.schemas.profiles import ProfileCreate
 from tests.api.builders import at, error_of, upload
 from tests.api.conftest import make_token
 from tests.api.documents import MiB, sample_profile
 from tests.services import ServerThread
 from tuner.core.results import Profile
+from tuner.core.wire.profiles import ProfileCreate
 
 
 def _client(service: ServerThread, token: str | None) -> httpx.Client:

@@ -47,7 +47,7 @@ def test_each_server_process_freezes_its_start_up_objects_out_of_collections(
     migrated_url: str,
 ) -> None:
     check = (
-        "import gc; from tuner.cli.commands.serve import serving_app; serving_app(); "
+        "import gc; from api.cli.serve import serving_app; serving_app(); "
         "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()"
     )
     env = {**os.environ, "TUNER_DATABASE_URL": migrated_url}

@@ -4,7 +4,7 @@ subprocess) and reports through the embedded store, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-from tuner.client.embedded import EmbeddedStore
+from api.embedded import EmbeddedStore
 from tuner.engine.backends import make_backend
 from tuner.engine.fingerprint import device_key
 from tuner.worker.allow import AllowList

@@ -1,10 +1,10 @@
 """``--seq-lens`` on every budget between two consecutive footprints of real workloads
 (a GPT of the examples, and a GPT-2 and a Llama from transformers configs):
-the searches of ``tuner profile --seq-lens`` replayed on curves measured once (as
-``bench/search.py`` replays the model search). Whatever the budget, every length keeps
-its exact ``M*``, the fit across lengths is made (one more probe where a right guess left
-a single peak), and the service's estimate (:func:`tuner.core.lengths.estimate_length`)
-answers every length the CLI says it answers."""
+the searches of ``tuner profile --seq-lens`` replayed on curves measured once
+(``tests/length_curves.py``, which ``bench/seqlen.py`` reports from too). Whatever the
+budget, every length keeps its exact ``M*``, the fit across lengths is made (one more
+probe where a right guess left a single peak), and the service's estimate
+(:func:`tuner.core.lengths.estimate_length`) answers every length the CLI says it answers."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.seqlen import Curves, replay_budgets, replay_family, scan_lengths, true_max
 from tests.api.documents import sample_profile
+from tests.length_curves import Curves, replay_budgets, replay_family, scan_lengths, true_max
 from tuner.core.errors import BadInputError
 from tuner.core.lengths import (
     EXTRAPOLATION,

@@ -11,7 +11,15 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tests.curves import Curve, affine, affine_with_jump, flat_then_affine, steps, two_phases
+from tests.curves import (
+    Curve,
+    affine,
+    affine_with_jump,
+    flat_then_affine,
+    kinked,
+    steps,
+    two_phases,
+)
 from tests.engine.limits import limit_with_m_star
 from tuner.core.errors import BadInputError
 from tuner.core.results import ProbeResult
@@ -25,7 +33,6 @@ from tuner.engine.search import (
     model_search,
     run_search,
 )
-from tuner.engine.search.baselines import model_previous
 from tuner.engine.workload import load_workload
 
 MiB = 2**20
@@ -258,13 +265,6 @@ def test_strategy_with_phase_peaks_finds_the_binding_phase(
     assert_exact(outcome, curve, 4096)
 
 
-def kinked(resident: int) -> Callable[[int], int]:
-    """The shape measured on small models: at size 1 the peak holds weight-sized
-    temporaries (16 KiB here) that larger sizes hide, so the curve is the larger of two
-    lines and the one through size 1 is flatter than the one that binds near ``M*``."""
-    return lambda m: resident + max(16_648 + 1_160 * m, 2_608 + 1_456 * m)
-
-
 @pytest.mark.parametrize("m_star", [400, 1000])
 def test_model_search_aims_past_size_one_with_the_resident_anchored_slope(m_star: int) -> None:
     resident = 110_776
@@ -274,12 +274,6 @@ def test_model_search_aims_past_size_one_with_the_resident_anchored_slope(m_star
     outcome = run("model", curve, 4096)
     assert_exact(outcome, curve, 4096)
     assert len(outcome.probes) <= 5, curve.calls
-    # The previous rules (the secant through size 1, open brackets judged by halving)
-    # took 6 and 7 probes here: 1, 32, 348, then a doubling to 696, ...
-    curve.calls.clear()
-    previous = model_previous(curve, cap=4096, budget_bytes=budget)
-    assert previous.max_micro_batch_size == m_star
-    assert len(previous.probes) > len(outcome.probes)
 
 
 def test_model_search_on_a_real_tiny_model_needs_few_probes() -> None:

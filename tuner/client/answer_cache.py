@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from platformdirs import user_cache_path
 from pydantic import ValidationError
 
 from tuner.core.shape import MeshShape
+from tuner.core.urls import redact
 from tuner.core.wire.recommendation import RecommendationPublic
 
 FORMAT_VERSION = 1
@@ -32,17 +32,6 @@ FORMAT_VERSION = 1
 def default_cache_dir() -> Path:
     """``recommendations`` in the user's cache directory, e.g. ``~/.cache/microbatch-tuner``."""
     return user_cache_path("microbatch-tuner", appauthor=False) / "recommendations"
-
-
-def redact(url: str) -> str:
-    """``url`` without a password, fit to write into files and messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ API; ``sqlite:///path`` (or ``postgresql://…``) runs the service's own store f
 this process, with no server (it needs the ``server`` extra: ``pip install -e '.[server]'``
 in a clone).
 
-Answers are the service's own schemas (``api.schemas``, pydantic only); errors are the
+Answers are the wire contract's schemas (``tuner.core.wire``, pydantic only); errors are the
 ``tuner.core.errors`` type the service raised, with its message. The client never crashes
 training for want of a service: requests time out and are retried a bounded number of
 times, and when the service still cannot be reached, ``recommend`` answers with the last
@@ -36,10 +36,6 @@ from typing import Any, overload
 from pydantic import Field, JsonValue, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from api.schemas.common import API_PREFIX
-from api.schemas.jobs import JobPublic
-from api.schemas.oom_reports import OomReportPublic
-from api.schemas.profiles import ProfilePublic, ProfilesPublic
 from tuner.client.answer_cache import AnswerCache, Question, default_cache_dir
 from tuner.client.store import open_store
 from tuner.core import plan
@@ -47,7 +43,11 @@ from tuner.core.errors import BadInputError, ServiceUnavailableError, TunerError
 from tuner.core.reports import ProfileReport
 from tuner.core.results import Profile
 from tuner.core.shape import MeshShape
-from tuner.core.wire.recommendation import RecommendationPublic
+from tuner.core.wire.common import API_PREFIX
+from tuner.core.wire.jobs import JobPublic
+from tuner.core.wire.oom_reports import OomReportPublic
+from tuner.core.wire.profiles import ProfilePublic, ProfilesPublic
+from tuner.core.wire.recommendation import RecommendationPublic as RecommendationPublic
 
 FINISHED = ("succeeded", "failed")
 

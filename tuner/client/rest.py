@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from api.schemas.common import API_PREFIX
-from api.schemas.jobs import JobClaim, JobPublic, Lease
-from api.schemas.oom_reports import OomReportPublic
-from api.schemas.profiles import ProfilePublic, ProfilesPublic
-from api.schemas.workers import WorkerPublic
 from tuner.client.transport import Transport
+from tuner.core.wire.common import API_PREFIX
+from tuner.core.wire.jobs import JobClaim, JobPublic, Lease
+from tuner.core.wire.oom_reports import OomReportPublic
+from tuner.core.wire.profiles import ProfilePublic, ProfilesPublic
 from tuner.core.wire.recommendation import RecommendationPublic
+from tuner.core.wire.workers import WorkerPublic
 
 
 class RestStore:

@@ -2,26 +2,28 @@
 its implementation.
 
 ``http(s)://…`` is the service's REST API (:class:`tuner.client.rest.RestStore`); a
-database URL runs the service's own functions (``api.service``) in this process
-(:class:`tuner.client.embedded.EmbeddedStore`). Both take what would go on the wire (query
-parameters, JSON bodies), check it where the service does, and give back the service's
-response schemas, which are re-exported here for the worker (it reads the service only
-through this package).
+database URL runs the service's own functions in this process, through the store the
+service declares for that URL's scheme (the ``tuner.stores`` entry points: ``sqlite``,
+``postgresql``, ``postgres``). Both take what would go on the wire (query parameters, JSON
+bodies), check it where the service does, and give back the wire contract's response
+schemas (:mod:`tuner.core.wire`), which are re-exported here for the worker (it reads the
+service only through this package).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
 from typing import Any, Protocol
 
-from api.schemas.jobs import JobClaim, JobPublic, Lease
-from api.schemas.oom_reports import OomReportPublic
-from api.schemas.profiles import ProfilePublic, ProfilesPublic
-from api.schemas.workers import WorkerPublic
-from tuner.client.answer_cache import redact
 from tuner.core.errors import BadInputError
 from tuner.core.extras import install_line
+from tuner.core.urls import redact
+from tuner.core.wire.jobs import JobClaim, JobPublic, Lease
+from tuner.core.wire.oom_reports import OomReportPublic
+from tuner.core.wire.profiles import ProfilePublic, ProfilesPublic
 from tuner.core.wire.recommendation import RecommendationPublic
+from tuner.core.wire.workers import WorkerPublic
 
 __all__ = ["JobClaim", "JobPublic", "Lease", "Store", "WorkerPublic", "open_store"]
 
@@ -54,6 +56,18 @@ class Store(Protocol):
     def report_failure(self, job_id: int, body: Mapping[str, Any]) -> JobPublic: ...
 
 
+STORES_GROUP = "tuner.stores"
+
+
+def _database_store(scheme: str) -> Callable[[str], Store]:
+    """The store the service declares for a database URL's ``scheme``; an ``ImportError``
+    when its packages (the server extra) or the declaration itself are missing."""
+    for entry in entry_points(group=STORES_GROUP, name=scheme):
+        store: Callable[[str], Store] = entry.load()
+        return store
+    raise ImportError(f"a {STORES_GROUP} entry point for {scheme}")
+
+
 def open_store(
     url: str, *, token: str | None, timeout: float, retries: int, backoff: float
 ) -> Store:
@@ -65,9 +79,7 @@ def open_store(
         return RestStore(url, token=token, timeout=timeout, retries=retries, backoff=backoff)
     if scheme.partition("+")[0] in DATABASE_SCHEMES:
         try:
-            from tuner.client.embedded import EmbeddedStore
-
-            return EmbeddedStore(url)
+            return _database_store(scheme.partition("+")[0])(url)
         except ImportError as exc:
             raise BadInputError(
                 f"{redact(url)} is a database: the client opens it in this process, which needs "

@@ -1,2 +1,3 @@
-"""One module per ``tuner`` subcommand, each with ``add_parser(subparsers)`` and
-``run(args, stderr) -> exit status``. Heavy imports (torch, the service) happen in ``run``."""
+"""One module per ``tuner`` subcommand of the client side, each with ``add_parser(subparsers)``
+and ``run(args, stderr) -> exit status``. Heavy imports (torch) happen in ``run``. The
+service's subcommands are in ``api.cli``."""

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console
 
-from tuner.cli.commands._args import (
+from tuner.cli.commands._lengths import Lengths, check_combinations, seq_lens
+from tuner.core.commands import (
     EXIT_FAILED,
     EXIT_NOTHING_FITS,
     EXIT_OK,
@@ -18,7 +19,6 @@ from tuner.cli.commands._args import (
     memory,
     positive_int,
 )
-from tuner.cli.commands._lengths import Lengths, check_combinations, seq_lens
 from tuner.core.errors import BadInputError, TunerError
 from tuner.core.reports import ProfileReport, VariantSummary
 from tuner.core.shape import MeshShape

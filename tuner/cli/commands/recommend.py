@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from tuner.cli.commands._args import EXIT_FAILED, EXIT_NOTHING_FITS, EXIT_OK, positive_int
+from tuner.core.commands import EXIT_FAILED, EXIT_NOTHING_FITS, EXIT_OK, positive_int
 from tuner.core.errors import NothingFitsError, ServiceUnavailableError
 from tuner.core.parallel import PARALLEL_MODES
 from tuner.core.plan import DEFAULT_POLICY, POLICIES

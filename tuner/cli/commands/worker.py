@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
-from tuner.cli.commands._args import EXIT_OK, memory, positive_int
+from tuner.core.commands import EXIT_OK, memory, positive_int
 from tuner.core.errors import BadInputError
 
 

@@ -45,9 +45,6 @@ class ModelRules:
     judge_open_aims_by_growth: bool = True
 
 
-PREVIOUS_RULES = ModelRules(anchor_past_size_one=False, judge_open_aims_by_growth=False)
-
-
 def model_search(
     probe: ProbeFn,
     *,

@@ -7,7 +7,7 @@ from typing import Self
 
 from pydantic import BaseModel, Field, model_validator
 
-from api.schemas.common import (
+from tuner.core.wire.common import (
     Id,
     IdempotencyKey,
     LongText,

@@ -1,4 +1,8 @@
-"""tuner.engine.search.baselines: other tools' searches behave as their documentation says."""
+"""What ``bench/search.py`` checks before it measures anything: the baselines
+(``bench/baselines.py``) behave as their tools' documentation says, and our model search
+under its previous rules is the one the benchmark compares with. Run by the benchmark
+(:func:`bench.search.check_baselines`), not by the test suite: ``python -m pytest
+bench/test_baselines.py``."""
 
 from __future__ import annotations
 
@@ -6,14 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.curves import Curve, affine
-from tuner.engine.search.baselines import (
+from bench.baselines import (
     BASELINES,
     accelerate_shrink,
     composer_halving,
     lightning_binsearch,
     lightning_power,
+    model_previous,
 )
+from tests.curves import Curve, affine, kinked
+from tuner.engine.search import model_search
 
 
 def curve_with_m_star(m_star: int) -> Curve:
@@ -163,3 +169,22 @@ def test_baselines_are_registered_by_name() -> None:
         "accelerate": accelerate_shrink,
         "composer": composer_halving,
     } == BASELINES
+
+
+@pytest.mark.parametrize("m_star", [400, 1000])
+def test_the_previous_rules_find_m_star_in_more_probes_than_the_current_ones(
+    m_star: int,
+) -> None:
+    # The previous rules (the secant through size 1, open brackets judged by halving)
+    # took 6 and 7 probes here: 1, 32, 348, then a doubling to 696, ...
+    resident = 110_776
+    footprint = kinked(resident)
+    budget = (footprint(m_star) + footprint(m_star + 1)) // 2
+    searched = []
+    for search in (model_search, model_previous):
+        curve = Curve(footprint, budget, capacity=int(budget / 0.95), resident=resident)
+        outcome = search(curve, cap=4096, budget_bytes=budget)
+        assert outcome.max_micro_batch_size == m_star, search
+        searched.append(len(outcome.probes))
+    current, previous = searched
+    assert previous > current

@@ -21,7 +21,9 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from api.schemas.common import (
+from tuner.core import reports, results
+from tuner.core.parallel import Parallel
+from tuner.core.wire.common import (
     FiniteFloat,
     Fraction,
     Int32,
@@ -41,10 +43,8 @@ from api.schemas.common import (
     Text200,
     Timestamp,
 )
-from api.schemas.devices import DeviceInfoCreate
-from api.schemas.workloads import WorkloadInfoCreate
-from tuner.core import reports, results
-from tuner.core.parallel import Parallel
+from tuner.core.wire.devices import DeviceInfoCreate
+from tuner.core.wire.workloads import WorkloadInfoCreate
 
 # A workload option's value in a variant, as `-o name=value` gives it.
 VariantValueCreate = Text200 | SignedInt64 | FiniteFloat | bool | None

@@ -17,7 +17,10 @@ from pydantic import (
     model_validator,
 )
 
-from api.schemas.common import (
+from tuner.core.errors import BadInputError
+from tuner.core.parallel import ParallelMode
+from tuner.core.units import parse_bytes
+from tuner.core.wire.common import (
     Fraction,
     IdempotencyKey,
     LongText,
@@ -29,10 +32,7 @@ from api.schemas.common import (
     RequestModel,
     StrictBool,
 )
-from api.schemas.profiles import ProfileCreate
-from tuner.core.errors import BadInputError
-from tuner.core.parallel import ParallelMode
-from tuner.core.units import parse_bytes
+from tuner.core.wire.profiles import ProfileCreate
 
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
 

@@ -6,7 +6,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.schemas.common import (
+from tuner.core import results
+from tuner.core.wire.common import (
     Int64,
     Key,
     Name,
@@ -18,7 +19,6 @@ from api.schemas.common import (
     Text100,
     Text500,
 )
-from tuner.core import results
 
 
 class WorkloadInfoCreate(results.WorkloadInfo):

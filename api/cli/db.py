@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
-from tuner.cli.commands._args import EXIT_OK
+from tuner.core.commands import EXIT_OK
 
 
 def add_parser(commands: Any) -> None:

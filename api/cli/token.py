@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tuner.cli.commands._args import EXIT_OK, positive_int
+from tuner.core.commands import EXIT_OK, positive_int
 
 
 def add_parser(commands: Any) -> None:

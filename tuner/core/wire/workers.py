@@ -6,8 +6,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from api.schemas.common import IdempotencyKey, Key, Name, RequestModel
-from api.schemas.devices import DeviceInfoCreate
+from tuner.core.wire.common import IdempotencyKey, Key, Name, RequestModel
+from tuner.core.wire.devices import DeviceInfoCreate
 
 
 class WorkerCreate(RequestModel):

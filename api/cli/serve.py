@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from tuner.cli.commands._args import EXIT_FAILED, EXIT_OK, positive_int
+from tuner.core.commands import EXIT_FAILED, EXIT_OK, positive_int
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         max_header_bytes=settings.max_header_bytes,
     )
     config = ServingConfig(
-        "tuner.cli.commands.serve:serving_app",
+        "api.cli.serve:serving_app",
         factory=True,
         host=settings.host,
         port=settings.port,

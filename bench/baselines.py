@@ -2,6 +2,9 @@
 ``model`` search under its previous rules, for comparison in ``bench/search.py`` only.
 Each returns the size that search would settle on, which need not be ``M*``; a trial's
 cost (steps per trial) is the caller's probe settings.
+
+:func:`check` holds each to its documented behaviour on curves whose ``M*`` is known;
+``bench/search.py`` runs it before it measures anything.
 """
 
 from __future__ import annotations
@@ -9,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tuner.engine.search.core import ProbeFn, SearchOutcome, SearchRecorder
-from tuner.engine.search.strategies import PREVIOUS_RULES, search_with_model
+from tuner.engine.search.strategies import ModelRules, search_with_model
+
+# The model search's rules before the current ones (see ``ModelRules``).
+PREVIOUS_RULES = ModelRules(anchor_past_size_one=False, judge_open_aims_by_growth=False)
 
 
 def lightning_power(

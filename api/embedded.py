@@ -1,12 +1,14 @@
-"""The store in this process: ``sqlite:///…`` or ``postgresql://…`` without a server.
+"""The client's store in this process: ``sqlite:///…`` or ``postgresql://…`` without a
+server (:class:`tuner.client.store.Store`).
 
 Each method calls the service function its route calls (``api.service``): the same request
 schema checks its input first (a failure is the same ``BadInputError`` the service would
 answer with a 422), and the same response schema comes back. No token is checked: whoever
 can open the database holds every scope.
 
-Imported only when a client is given a database URL, since it needs the server extra
-(SQLAlchemy, Alembic, psycopg).
+The client finds it through the ``tuner.stores`` entry points (``pyproject.toml``), and
+imports it only when given a database URL, since it needs the server extra (SQLAlchemy,
+Alembic, psycopg).
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from api.config import ServiceSettings
 from api.db import Database
 from api.errors import describe_invalid
 from api.migrate import prepare_database
-from api.schemas.common import Id
-from api.schemas.jobs import (
+from api.security import SCOPES, Principal
+from tuner.core.errors import BadInputError, ServiceUnavailableError
+from tuner.core.urls import redact
+from tuner.core.wire.common import Id
+from tuner.core.wire.jobs import (
     JobClaim,
     JobCreate,
     JobFailure,
@@ -33,13 +38,10 @@ from api.schemas.jobs import (
     Lease,
     LeaseRef,
 )
-from api.schemas.oom_reports import OomReportCreate, OomReportPublic
-from api.schemas.profiles import ProfileCreate, ProfilePublic, ProfileQuery, ProfilesPublic
-from api.schemas.workers import WorkerCreate, WorkerPublic
-from api.security import SCOPES, Principal
-from tuner.client.answer_cache import redact
-from tuner.core.errors import BadInputError, ServiceUnavailableError
+from tuner.core.wire.oom_reports import OomReportCreate, OomReportPublic
+from tuner.core.wire.profiles import ProfileCreate, ProfilePublic, ProfileQuery, ProfilesPublic
 from tuner.core.wire.recommendation import RecommendationPublic, RecommendationQuery
+from tuner.core.wire.workers import WorkerCreate, WorkerPublic
 
 Request = TypeVar("Request", bound=BaseModel)
 _ROW_ID: TypeAdapter[int] = TypeAdapter(Id)

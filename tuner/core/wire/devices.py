@@ -6,7 +6,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.schemas.common import (
+from tuner.core import results
+from tuner.core.wire.common import (
     FiniteFloat,
     Key,
     LongText,
@@ -18,7 +19,6 @@ from api.schemas.common import (
     Text16,
     Text200,
 )
-from tuner.core import results
 
 DetailValue = LongText | SignedInt64 | FiniteFloat | None
 
