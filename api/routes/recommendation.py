@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from api import service
 from api.deps import DatabaseDep, ReadAccess
@@ -20,6 +20,9 @@ router = APIRouter(prefix="/recommendation", tags=["recommendation"])
 @router.get("", response_model=RecommendationPublic)
 def get_recommendation(
     query: Annotated[RecommendationQuery, Query()], _: ReadAccess, db: DatabaseDep
-) -> RecommendationPublic:
+) -> Response:
     """Settings for a global batch on a device: measured, or estimated from another device."""
-    return service.recommend(db, query)
+    # The answer is a RecommendationPublic already: sent as its own JSON (FastAPI's
+    # "return a Response directly"), not validated a second time against response_model.
+    answer = service.recommend(db, query)
+    return Response(answer.model_dump_json(), media_type="application/json")

@@ -151,18 +151,6 @@ def probe_result(row: Any) -> ProbeResult:
     )
 
 
-def oom_row(row: models.OomReport) -> OomRow:
-    return OomRow(
-        id=row.id,
-        workload_id=row.workload_id,
-        device_id=row.device_id,
-        micro_batch_size=row.micro_batch_size,
-        created_at=row.created_at,
-        settled_micro_batch_size=row.settled_micro_batch_size,
-        profile_id=row.profile_id,
-    )
-
-
 def profile_statement() -> Any:
     """Profiles with their device's key, as :func:`profile_row` reads them."""
     return select(*_PROFILE_COLUMNS).join(_D, _D.id == _P.device_id)
@@ -185,25 +173,36 @@ _PROFILES_ON_DEVICE = _PROFILES.where(_P.device_id == bindparam("device_id"))
 _PROBES = (
     select(*_PROBE_COLUMNS).where(_Pr.profile_id.in_(_IDS)).order_by(_Pr.profile_id, _Pr.ordinal)
 )
-_OOM_REPORTS = select(_O).where(_O.workload_id.in_(_IDS))
+_OOM_REPORTS = select(
+    _O.id,
+    _O.workload_id,
+    _O.device_id,
+    _O.micro_batch_size,
+    _O.created_at,
+    _O.settled_micro_batch_size,
+    _O.profile_id,
+).where(_O.workload_id.in_(_IDS))
 
 
 class SqlEvidence:
-    """:class:`tuner.answer.Evidence` over an ORM session, in its transaction."""
+    """:class:`tuner.answer.Evidence` over an ORM session, in its transaction. The reads
+    select columns, not entities, so they run on the session's connection (SQLAlchemy
+    Core): no identity map to fill for rows that are only read."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
+        self._connection = session.connection()
 
     def workloads(self, reference: str) -> Sequence[WorkloadRow]:
-        found = self.session.execute(_WORKLOADS, {"reference": reference})
+        found = self._connection.execute(_WORKLOADS, {"reference": reference})
         return [workload_row(row) for row in found]
 
     def family(self, family: str) -> Sequence[WorkloadRow]:
-        found = self.session.execute(_FAMILY, {"reference": family})
+        found = self._connection.execute(_FAMILY, {"reference": family})
         return [workload_row(row) for row in found]
 
     def devices(self, reference: str) -> Sequence[DeviceRow]:
-        found = self.session.execute(_DEVICES, {"reference": reference})
+        found = self._connection.execute(_DEVICES, {"reference": reference})
         return [device_row(row) for row in found]
 
     def profiles(
@@ -213,9 +212,9 @@ class SqlEvidence:
             return []
         ids = list(workload_ids)
         found = (
-            self.session.execute(_PROFILES, {"ids": ids})
+            self._connection.execute(_PROFILES, {"ids": ids})
             if device_id is None
-            else self.session.execute(_PROFILES_ON_DEVICE, {"ids": ids, "device_id": device_id})
+            else self._connection.execute(_PROFILES_ON_DEVICE, {"ids": ids, "device_id": device_id})
         )
         return [profile_row(row) for row in found]
 
@@ -223,12 +222,12 @@ class SqlEvidence:
         if not profile_ids:
             return {}
         found: dict[int, list[ProbeResult]] = {i: [] for i in profile_ids}
-        for row in self.session.execute(_PROBES, {"ids": list(profile_ids)}):
+        for row in self._connection.execute(_PROBES, {"ids": list(profile_ids)}):
             found[row[0]].append(probe_result(row[1:]))
         return found
 
     def oom_reports(self, workload_ids: Collection[int]) -> Sequence[OomRow]:
         if not workload_ids:
             return []
-        rows = self.session.scalars(_OOM_REPORTS, {"ids": list(workload_ids)})
-        return [oom_row(row) for row in rows]
+        rows = self._connection.execute(_OOM_REPORTS, {"ids": list(workload_ids)})
+        return [OomRow(*row) for row in rows]
