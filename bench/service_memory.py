@@ -1,16 +1,16 @@
 """The service's memory under 100,000 distinct recommendation questions.
 
-Every answer is kept in the process under the store's generation (``api.cache``); a
-cache that grew with every new question would let a client that never repeats itself
-grow the server without bound. This asks ``tuner serve`` (one process, SQLite) 100,000
-questions that are all different (workload, device, global batch size, world size and
-policy), and records the server's resident memory (``VmRSS``) as it goes, with how many
-answers the cache holds at most.
+Answers are not kept in the process (each is decided afresh by ``tuner.answer``); what
+stays is the token-check cache (``api.cache``), bounded in entries. Anything that grew with
+every new question would let a client that never repeats itself grow the server without
+bound. This asks ``tuner serve`` (one process, SQLite) 100,000 questions that are all
+different (workload, device, global batch size, world size and policy), and records the
+server's resident memory (``VmRSS``) as it goes.
 
 The padded case asks one question spelled many ways: padded with ``&`` up to the longest
 query string the service takes (4 KiB), the padding moved by one byte each time, then
-padded with 63,000 ``&`` (past the limit: 414). Answers are cached under the question, not
-its spelling, so the server's memory stays flat.
+padded with 63,000 ``&`` (past the limit: 414): nothing is kept per spelling, so the
+server's memory stays flat.
 
 Run: ``python bench/service_memory.py`` (both cases), ``--case padded`` or ``--case
 distinct`` for one, ``--quick`` for a smoke run that writes nothing.
@@ -142,9 +142,9 @@ def measure_padded(*, quick: bool) -> None:
             f"{limit:,}-byte limit), the padding split differently each time, then "
             f"{total // 2:,} times padded to 63,000 bytes; 4 client threads ({seconds:.0f} s). "
             f"Statuses: {_counts(taken_statuses)} within the limit, "
-            f"{_counts(refused_statuses)} past it. Before answers were cached under the "
-            "question, every spelling was a new cache entry of its own size: ~60 KiB a "
-            "request at 63,000 bytes (127 to 402 MiB over 4,660 requests).",
+            f"{_counts(refused_statuses)} past it. No answer is kept per question or per "
+            "spelling (an earlier cache keyed by spelling grew ~60 KiB a request at 63,000 "
+            "bytes: 127 to 402 MiB over 4,660 requests).",
             transposed_table(["requests", "server RSS (MiB)", "status"], rows),
         ]
     )
@@ -187,8 +187,8 @@ def measure_distinct(*, quick: bool) -> None:
             "## Service memory under distinct questions (`bench/service_memory.py`)",
             f"Machine: {machine_line()}. `tuner serve`, one process, SQLite with 1,000 "
             f"profiles; {total:,} recommendation questions, all different, 4 client "
-            f"threads ({seconds:.0f} s). The answer cache keeps at most "
-            f"{GenerationCache().max_entries:,} answers (least recently used go first).",
+            f"threads ({seconds:.0f} s). No answer is kept in the process; token checks "
+            f"are, at most {GenerationCache().max_entries:,} (least recently used go first).",
             transposed_table(["questions asked", "server RSS (MiB)"], rows),
         ]
     )
