@@ -16,6 +16,9 @@ def test_benchmarks_md_is_the_current_result_of_each_benchmark() -> None:
     text = (REPO_ROOT / "BENCHMARKS.md").read_text()
     assert len(text.splitlines()) <= 300
     sections = SECTION.findall(text)
+    # Every section a benchmark rewrites is closed by its own name (else a rerun appends).
+    begins = re.findall(r"<!-- begin (\S+) -->", text)
+    assert begins == [name for name, _ in sections]
     # Every benchmark that writes a section has one.
     writers = {
         f"bench/{path.name}"

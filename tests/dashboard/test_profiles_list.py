@@ -39,9 +39,13 @@ def mstar_values(page: Page) -> list[int]:
 
 
 def settle(page: Page, url_pattern: str) -> None:
-    """Wait for an htmx swap to land: the address updated and no request in flight."""
+    """Wait for an htmx swap to land: the address updated, no request in flight, and the
+    new content settled. htmx wires the swapped-in form's listeners only when it settles
+    (20 ms after the swap, when it takes ``htmx-added`` off): a change made before that
+    is lost, and the next wait for the address times out (seen once in CI)."""
     page.wait_for_url(re.compile(url_pattern))
-    page.wait_for_function("() => !document.querySelector('.htmx-request')")
+    busy = ".htmx-request, .htmx-swapping, .htmx-settling, .htmx-added"
+    page.wait_for_function(f"() => !document.querySelector('{busy}')")
 
 
 def api_ids(service: ServerThread, token: str, **params: Any) -> list[int]:

@@ -28,6 +28,7 @@ class FakeAllocator:
     def __init__(self, total: int = 80 * GiB) -> None:
         self.total = total
         self.reserved = 2 * GiB
+        self.live = 2 * GiB  # what empty_cache leaves reserved: the blocks in use
         self.context = 500 * 2**20  # CUDA context and other processes
         self.peak_allocated = 0
         self.peak_reserved = 0
@@ -69,6 +70,7 @@ class FakeAllocator:
 
     def _empty(self) -> None:
         self.empty_cache_calls += 1
+        self.reserved = self.live
 
     def _cap(self, fraction: float) -> None:
         self.fraction = fraction
@@ -76,6 +78,8 @@ class FakeAllocator:
     def run(self, allocated: int, reserved: int, retries: int = 0) -> None:
         self.peak_allocated = max(self.peak_allocated, allocated)
         self.peak_reserved = max(self.peak_reserved, reserved)
+        # A caching allocator keeps the segments it grew to until empty_cache.
+        self.reserved = max(self.reserved, reserved)
         self.retries += retries
 
 
@@ -140,6 +144,22 @@ def test_device_key_names_the_card_and_changes_with_the_limit(fake: FakeAllocato
 def test_release_cached_empties_the_cache(fake: FakeAllocator) -> None:
     CudaBackend().release_cached()
     assert fake.empty_cache_calls == 1
+
+
+def test_a_probe_after_a_larger_one_reads_its_own_reserved_peak(fake: FakeAllocator) -> None:
+    """The sequence a Prober runs (release, then track) for a large probe, then a small one.
+    Without the release, the small probe's reserved peak is the large one's cached 60 GiB."""
+    backend = CudaBackend()
+    peaks = []
+    for reserved in (60 * GiB, 10 * GiB):
+        backend.release_cached()
+        with backend.track([]) as reading:
+            fake.run(allocated=reserved - GiB, reserved=reserved)
+        peaks.append(reading.reserved_bytes)
+    assert peaks == [60 * GiB, 10 * GiB]
+    with backend.track([]) as stale:  # no release: the cache of the last probe stays
+        fake.run(allocated=GiB, reserved=3 * GiB)
+    assert stale.reserved_bytes == 10 * GiB
 
 
 def test_fits_counts_memory_outside_torch_and_refuses_retries() -> None:

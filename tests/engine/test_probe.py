@@ -118,6 +118,34 @@ def test_steps_run_counts_every_training_step(settings: ProbeSettings, steps: in
     assert result.steps_run == steps
 
 
+class _RecordingBackend(CpuBackend):
+    """The real CPU backend, noting the order of cache releases and tracked blocks."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.events: list[str] = []
+
+    def release_cached(self) -> None:
+        self.events.append("release")
+        super().release_cached()
+
+    def track(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        self.events.append("track")
+        return super().track(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_every_probe_starts_from_a_released_cache() -> None:
+    """On CUDA the allocator keeps a larger probe's segments reserved: a later, smaller
+    probe must release them before its warm-up, or it reads the larger one's peak (seen on
+    an H200 before this rule: every probe after one of 159 read 3.47 GiB reserved)."""
+    backend = _RecordingBackend(BIG)
+    with Prober(mlp(), backend) as prober:
+        for size in (64, 8):
+            backend.events.clear()
+            prober(size)
+            assert backend.events[:2] == ["release", "track"]
+
+
 def test_timing_is_measured() -> None:
     result = probe_once(tiny(), 4)
     assert result.step_time_s is not None

@@ -108,6 +108,11 @@ class Prober:
         """Probe ``micro_batch_size``. ``enforce_capacity=False`` lets a backend that can
         (the CPU) measure a step larger than its capacity whole, to diagnose it."""
         started = time.perf_counter()
+        # Each probe starts from an empty cache: a caching allocator (CUDA's) keeps the
+        # segments of the last, larger probe reserved, and this probe's reserved peak would
+        # be that one's (seen on an H200: every probe after one of 159 read 3.47 GiB). Its
+        # own warm-up steps then build the steady state its measured steps are read in.
+        self.backend.release_cached()
         non_torch = self.backend.non_torch_bytes()
         outcome: _StepsOutcome | None = None
         progress = _Progress()

@@ -90,7 +90,8 @@ class Backend(ABC):
         """Wait for queued work, so that timings and peaks are complete."""
 
     def release_cached(self) -> None:
-        """Return cached, unused blocks to the device after an out-of-memory."""
+        """Return cached, unused blocks to the device: before each probe, so that its
+        reserved peak is its own, and after an out-of-memory."""
 
     def session(self) -> AbstractContextManager[None]:
         """Settings held for a whole profile (a CUDA memory cap, say)."""
