@@ -22,7 +22,9 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from tuner.core import reports, results
+from tuner.core.errors import BadInputError
 from tuner.core.parallel import Parallel
+from tuner.core.shape import MeshShape
 from tuner.core.wire.common import (
     FiniteFloat,
     Fraction,
@@ -146,6 +148,21 @@ class ProfileCreate(results.Profile):
                         f"the probe at micro batch {probe.micro_batch_size} lists {count} "
                         f"{name} for world size {self.world_size}: give one per rank, or none"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _ranks_are_a_mesh(self) -> ProfileCreate:
+        # A profile whose tp does not divide its world size (or exceeds it) describes no
+        # run: stored, every question fitting across its shapes would divide by nothing.
+        try:
+            MeshShape(self.world_size, self.parallel.tp)
+        except BadInputError as exc:
+            error = InitErrorDetails(
+                type=PydanticCustomError("not_a_mesh", "{problem}", {"problem": exc.message}),
+                loc=("parallel", "tp"),
+                input=self.parallel.tp,
+            )
+            raise ValidationError.from_exception_data(type(self).__name__, [error]) from None
         return self
 
     @model_validator(mode="after")
