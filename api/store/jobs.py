@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api import models
@@ -28,6 +28,7 @@ from api.store.idempotency import insert_once, replayed, request_digest
 from api.store.paging import keyset_page
 from api.store.profiles import add_profile, upsert_device
 from api.store.rows import get_or_404
+from tuner.answer.identity import owned
 from tuner.core import results
 from tuner.core.errors import BadInputError, ConflictError, PermissionDeniedError
 from tuner.core.wire.common import API_PREFIX
@@ -218,12 +219,16 @@ def claim_job(
     its ``error`` until one claims it."""
     worker = touch_worker(session, worker_id, caller)
     expire_leases(session)
+    # A job names its device by key or by name. A name means what a question by that name
+    # means (tuner.answer.identity): the name's owner's devices. A device another token
+    # registered later under the same name is not one of them, and its worker may not
+    # take jobs meant for the owner's devices.
+    addresses = [worker.device.key]
+    if _name_means(session, worker.device):
+        addresses.append(worker.device.name)
     candidates = session.scalars(
         select(models.Job)
-        .where(
-            models.Job.status == "queued",
-            or_(models.Job.device == worker.device.key, models.Job.device == worker.device.name),
-        )
+        .where(models.Job.status == "queued", models.Job.device.in_(addresses))
         .order_by(models.Job.created_at, models.Job.id)
         .limit(_CLAIM_WINDOW)
         .with_for_update(skip_locked=True)
@@ -253,6 +258,16 @@ def claim_job(
     job.updated_at = now
     session.flush()
     return job, lease
+
+
+def _name_means(session: Session, device: models.Device) -> bool:
+    """Whether ``device``'s name resolves to it: it is among its name owner's devices."""
+    named = session.execute(
+        select(
+            models.Device.id, models.Device.key, models.Device.name, models.Device.registered_by
+        ).where(models.Device.name == device.name)
+    ).all()
+    return any(row.id == device.id for row in owned(named, device.name))
 
 
 def job_ranks(job: models.Job) -> int:
@@ -304,10 +319,12 @@ def complete_job(
 ) -> models.Job:
     """Store the profile and mark the job succeeded, in the caller's one transaction."""
     job = _held(session, job_id, lease_id, caller)
-    if profile.workload.target not in (None, job.target):
+    # Always checked: a profile that names no target could be of any workload, stored in
+    # the name of whoever queued the job.
+    if profile.workload.target != job.target:
         raise BadInputError(
-            f"the profile is of {profile.workload.target}, but job {job_id} profiles "
-            f"{job.target}: send the profile this job produced"
+            f"the profile is of {profile.workload.target or 'no target'}, but job {job_id} "
+            f"profiles {job.target}: send the profile this job produced"
         )
     # Registered by whoever queued the job (jobs queued before 0011: the worker's token).
     registrant = job.token_id if job.token_id is not None else caller.token_id

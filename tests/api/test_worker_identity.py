@@ -84,3 +84,40 @@ def test_an_admin_may_act_for_any_worker(
         response = admin.post(f"/jobs/{job}/failure", json=failure)
         assert response.status_code == 200, response.text
         assert response.json()["status"] == "failed"
+
+
+def test_a_device_named_like_anothers_does_not_take_its_jobs(
+    service: ServerThread, database: Database
+) -> None:
+    """An attacker's worker token registers a device of its own under the name of the
+    fleet's device; a job queued for that name goes to the fleet's worker, never to it."""
+    fleet = make_token(database, "worker", name="fleet")
+    attacker = make_token(database, "worker", name="attacker")
+    with api_client(service, fleet) as client:
+        fleet_worker = register(client, "gpu-host")
+    with api_client(service, attacker) as client:
+        forged = register(client, "forged", device_key="f" * 24)
+    with api_client(service, make_token(database, "write", name="owner")) as writer:
+        job = queue(writer)  # by the device's name, as people queue them
+    with api_client(service, attacker) as client:
+        assert claim(client, forged) is None
+    with api_client(service, fleet) as client:
+        held = claim(client, fleet_worker)
+    assert held is not None
+    assert held["job"]["id"] == job["id"]
+
+
+def test_a_result_must_name_the_jobs_target(
+    service: ServerThread, two_workers: dict[str, Any]
+) -> None:
+    """A result without a target (or with another) is refused: it could be any workload,
+    stored in the name of whoever queued the job. Nothing is stored; the job stays held."""
+    job, lease = two_workers["job"], two_workers["lease"]
+    with api_client(service, two_workers["tokens"]["a"]) as a:
+        for target in (None, "examples.mlp:workload"):
+            document = profile_document()
+            document["workload"]["target"] = target
+            refused = a.post(f"/jobs/{job}/result", json={"lease_id": lease, "profile": document})
+            assert "send the profile this job produced" in error_of(refused, 422)["message"]
+        assert a.get("/profiles").json()["count"] == 0
+        assert get_job(a, job)["status"] == "running"
