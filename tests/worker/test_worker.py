@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,11 +19,14 @@ from pydantic import ValidationError
 
 from tests.api.documents import sample_profile
 from tuner.core.errors import BadInputError
+from tuner.core.option_files import FilePolicy
 from tuner.core.plan import recommend
 from tuner.core.reports import ProfileReport
+from tuner.core.wire.jobs import JobSettings
 from tuner.engine.backends import make_backend
 from tuner.engine.fingerprint import device_key
 from tuner.worker.allow import AllowList
+from tuner.worker.ceilings import Ceilings
 from tuner.worker.loop import DeviceIdentity, Worker, WorkerSettings, describe_device
 from tuner.worker.profile_run import (
     STDERR_TAIL_LINES,
@@ -90,6 +94,30 @@ def test_a_jobs_memory_limit_overrides_the_workers() -> None:
     assert own[own.index("--memory-limit") + 1] == str(64 * MiB)
     given = command_for(settings={"memory_limit_bytes": 8 * MiB}, memory_limit_bytes=64 * MiB)
     assert given[given.index("--memory-limit") + 1] == str(8 * MiB)
+
+
+def test_the_command_reads_files_only_where_the_worker_allows(tmp_path: Path) -> None:
+    flags = command_for(files=FilePolicy.of([str(tmp_path)], max_bytes=MiB))[6:]
+    assert flags[:6] == [
+        *("--device", "cpu"),
+        *("--allow-path", str(tmp_path)),
+        *("--max-file-bytes", str(MiB)),
+    ]
+    # No directory allowed: the restriction still applies, and reads nothing.
+    assert command_for(files=FilePolicy(()))[8:10] == ["--max-file-bytes", str(4 * MiB)]
+
+
+def test_a_job_over_a_ceiling_is_refused_in_one_line() -> None:
+    ceilings = Ceilings(memory_limit_bytes=64 * MiB, warmup_steps=3, size_cap=8)
+    assert (
+        ceilings.refusal(JobSettings(size_cap=8, memory_limit_bytes=64 * MiB), worker="w") is None
+    )
+    both = ceilings.refusal(JobSettings(size_cap=9, warmup_steps=4), worker="w")
+    assert both == (
+        "worker 'w' refuses the job: warmup_steps 4 is above the 3 this worker allows (its "
+        "--max-warmup-steps), and size_cap 9 is above the 8 this worker allows (its "
+        "--max-size-cap); queue it within them, or ask the worker's owner to raise them"
+    )
 
 
 def test_the_printed_profile_is_read_back_exactly() -> None:
@@ -170,10 +198,16 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("TUNER_MEMORY_LIMIT", "2GiB")
     monkeypatch.setenv("TUNER_POLL_INTERVAL", "0.5")
     monkeypatch.setenv("TUNER_DATABASE_URL", "sqlite:///elsewhere.db")  # the service's
+    monkeypatch.setenv("TUNER_WORKER_ALLOW_PATH", f"/srv/a,b{os.pathsep}/srv/c")
+    monkeypatch.setenv("TUNER_MAX_FILE_BYTES", "1MiB")
+    monkeypatch.setenv("TUNER_MAX_WARMUP_STEPS", "5")
     settings = WorkerSettings()
     assert settings.url == "http://tuner:8000"
     assert settings.memory_limit == 2 * 2**30
     assert settings.poll_interval == 0.5
+    assert settings.allow_path == ["/srv/a,b", "/srv/c"]
+    assert (settings.max_file_bytes, settings.max_warmup_steps) == (MiB, 5)
+    assert settings.max_size_cap == 4096
     monkeypatch.setenv("TUNER_POLL_INTERVAL", "0")
     with pytest.raises(ValidationError, match="poll_interval"):
         WorkerSettings()

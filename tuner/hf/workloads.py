@@ -40,7 +40,6 @@ import inspect
 import json
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any, Literal, get_args
 
 import torch
@@ -48,6 +47,7 @@ from torch import nn
 
 from tuner.core.errors import WorkloadError
 from tuner.core.extras import require
+from tuner.core.option_files import read_option_file
 from tuner.engine.workload import PRECISIONS, OptimizerFactory, Workload
 
 Task = Literal["causal-lm", "sequence-classification", "seq2seq-lm", "image-classification"]
@@ -258,10 +258,8 @@ def load_config(config: str | Mapping[str, Any] | None, transformers: Any) -> An
         if isinstance(config, Mapping):
             data = dict(config)
         else:
-            path = Path(config)
-            if path.is_dir():
-                path = path / "config.json"
-            data = json.loads(path.read_text())
+            # On a worker, only files its owner allows (tuner.core.option_files).
+            data = json.loads(read_option_file(config, option="config", in_folder="config.json"))
         model_type = data.pop("model_type")
         return transformers.AutoConfig.for_model(model_type, **data)
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -38,9 +38,11 @@ from tuner.core.errors import (
     ServiceUnavailableError,
     TunerError,
 )
+from tuner.core.option_files import DEFAULT_MAX_FILE_BYTES, FilePolicy
 from tuner.core.results import DeviceInfo, Profile
 from tuner.core.units import parse_bytes
 from tuner.worker.allow import AllowList
+from tuner.worker.ceilings import DEFAULT_MAX_SIZE_CAP, DEFAULT_MAX_WARMUP_STEPS, Ceilings
 from tuner.worker.profile_run import (
     Outcome,
     outcome_of,
@@ -59,6 +61,11 @@ def _optional_bytes(value: Any) -> Any:
 
 def _comma_separated(value: Any) -> Any:
     return value.split(",") if isinstance(value, str) else value
+
+
+def _path_list(value: Any) -> Any:
+    # Paths may hold commas; lists of them are separated as PATH is.
+    return [p for p in value.split(os.pathsep) if p] if isinstance(value, str) else value
 
 
 class WorkerSettings(BaseSettings):
@@ -80,6 +87,20 @@ class WorkerSettings(BaseSettings):
     )
     poll_interval: float = Field(default=2.0, gt=0)
     job_timeout: float = Field(default=3600.0, gt=0)
+    max_warmup_steps: int = Field(
+        default=DEFAULT_MAX_WARMUP_STEPS, ge=1, description="the most warm-up steps a job gets"
+    )
+    max_size_cap: int = Field(
+        default=DEFAULT_MAX_SIZE_CAP, ge=1, description="the largest size cap a job gets"
+    )
+    allow_path: Annotated[list[str], NoDecode, BeforeValidator(_path_list)] = Field(
+        default_factory=list,
+        validation_alias="TUNER_WORKER_ALLOW_PATH",
+        description="directories whose files a job's path options may name (os.pathsep-separated)",
+    )
+    max_file_bytes: Annotated[int, BeforeValidator(_optional_bytes)] = Field(
+        default=DEFAULT_MAX_FILE_BYTES, ge=1, description="the largest file a job's option names"
+    )
     allow: Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)] = Field(
         default_factory=list,
         validation_alias="TUNER_WORKER_ALLOW",
@@ -224,6 +245,8 @@ class Worker:
         allow: AllowList,
         pass_env: tuple[str, ...] = (),
         memory_limit_bytes: int | None = None,
+        ceilings: Ceilings | None = None,
+        files: FilePolicy | None = None,
         poll_interval: float = 2.0,
         job_timeout: float = 3600.0,
         ranks: int | None = None,
@@ -237,6 +260,12 @@ class Worker:
         self.allow = allow
         self.pass_env = pass_env
         self.memory_limit_bytes = memory_limit_bytes
+        # The most a job may ask for, and the files its options may name: the owner's too.
+        # Unset: the worker's own limit (else the device's memory) and the defaults.
+        self.ceilings = ceilings or Ceilings(
+            memory_limit_bytes=memory_limit_bytes or identity.info.capacity_bytes
+        )
+        self.files = files or FilePolicy(())
         self.poll_interval = poll_interval
         self.job_timeout = job_timeout
         # Jobs that profile on more ranks than this stay queued for another worker.
@@ -324,10 +353,15 @@ class Worker:
         heartbeat = _open(self._url, self._token)  # its own connection, for its thread
         try:
             with LeaseKeeper(heartbeat, job.id, claim.lease, self.log) as keeper:
-                # A refused target is never imported: the job fails with the reason, for
-                # good (this worker will never run it; a job nobody runs must not wait).
-                refused = Outcome(reason=self.allow.refusal(job.target, worker=self.name))
-                outcome = self._run_profile(job, keeper) if allowed else refused
+                # A refused target is never imported, a job over a ceiling never started:
+                # it fails with the reason, for good (this worker will never run it; a job
+                # nobody runs must not wait).
+                refusal = (
+                    self.ceilings.refusal(job.settings, worker=self.name)
+                    if allowed
+                    else self.allow.refusal(job.target, worker=self.name)
+                )
+                outcome = Outcome(reason=refusal) if refusal else self._run_profile(job, keeper)
                 if outcome is not None:
                     self._report(job, claim.lease, outcome, keeper)
         finally:
@@ -341,6 +375,7 @@ class Worker:
             settings=job.settings.model_dump(mode="json"),
             device=self.identity.device,
             memory_limit_bytes=self.memory_limit_bytes,
+            files=self.files,
         )
         try:
             run = run_profile(

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from tuner.core.errors import BadInputError
+from tuner.core.option_files import FilePolicy
 from tuner.core.reports import ProfileReport
 from tuner.core.results import Profile
+from tuner.worker.parent_death import die_with_parent
 
 EXIT_MEANINGS = {
     1: "the workload raised an error that is not an out-of-memory",
@@ -81,17 +83,24 @@ def profile_command(
     settings: Mapping[str, Any],
     device: str,
     memory_limit_bytes: int | None,
+    files: FilePolicy | None = None,
 ) -> list[str]:
     """The ``tuner profile`` command line for a job on ``device``.
 
     ``python -m`` puts the working directory first on ``sys.path``, as for the user's own
-    ``tuner profile``. A job's memory limit overrides the worker's.
+    ``tuner profile``. A job's memory limit, never above the worker's (the worker refuses
+    the job otherwise: :mod:`tuner.worker.ceilings`), replaces the worker's. With ``files``
+    the profile reads only the files it allows (:mod:`tuner.core.option_files`).
     """
     chosen = dict(settings)
     if chosen.get("memory_limit_bytes") is None and memory_limit_bytes is not None:
         chosen["memory_limit_bytes"] = memory_limit_bytes
     command = [sys.executable, "-m", "tuner.cli", "profile", target, "--json"]
     command += ["--device", device]
+    if files is not None:
+        for directory in files.named or files.directories:
+            command += ["--allow-path", str(directory)]
+        command += ["--max-file-bytes", str(files.max_bytes)]
     for name, flag in SETTING_FLAGS.items():
         value = chosen.get(name)
         if value is not None:
@@ -164,10 +173,13 @@ def run_profile(
     ``env`` is its whole environment (None: this process's).
 
     The subprocess stays in the caller's process group: whatever kills the worker's group
-    (a terminal's Ctrl-C, a supervisor) kills the profile too, and leaves no orphan.
+    (a terminal's Ctrl-C, a supervisor) kills the profile too, and leaves no orphan; and on
+    Linux it gets SIGKILL when the worker dies alone (:mod:`tuner.worker.parent_death`).
     """
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env)
+        process = subprocess.Popen(
+            command, stdout=stdout, stderr=stderr, env=env, preexec_fn=die_with_parent()
+        )
         deadline = time.monotonic() + timeout
         returncode: int | None = None
         stopped = False

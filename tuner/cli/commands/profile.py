@@ -119,6 +119,21 @@ def add_parser(commands: Any) -> None:
         help="keyword argument for the workload factory, e.g. -o precision=bf16",
     )
     profile.add_argument(
+        "--allow-path",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="read files that options name (-o config=...) only when they are regular files "
+        "under DIR, repeatable, as `tuner worker` runs profiles; with --max-file-bytes and "
+        "no --allow-path, no file at all (default: any file)",
+    )
+    profile.add_argument(
+        "--max-file-bytes",
+        type=memory,
+        default=None,
+        help="with --allow-path: the largest file an option may name (default 4MiB)",
+    )
+    profile.add_argument(
         "--warmup-steps",
         type=positive_int,
         default=2,
@@ -184,7 +199,17 @@ class Measurement(Protocol):
 def run(args: argparse.Namespace, stderr: Console) -> int:
     """The one pipeline of ``tuner profile``: refuse bad arguments before loading anything,
     make the device, load, probe, decide, upload, print, and exit with the status that says
-    how it went."""
+    how it went. Files that options name are read under ``--allow-path`` when given."""
+    from tuner.core.option_files import FilePolicy, restricted
+
+    policy = None
+    if args.allow_path is not None or args.max_file_bytes is not None:
+        policy = FilePolicy.of(args.allow_path or (), max_bytes=args.max_file_bytes)
+    with restricted(policy):
+        return _run(args, stderr)
+
+
+def _run(args: argparse.Namespace, stderr: Console) -> int:
     from tuner.core.plan import per_rank_batch
 
     check_mesh_arguments(args)

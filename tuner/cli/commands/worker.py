@@ -50,7 +50,7 @@ def add_parser(commands: Any) -> None:
         type=memory,
         default=None,
         help="memory to fit in, e.g. 2GiB: needed on cpu; on cuda it emulates a smaller card. "
-        "A job's own limit overrides it",
+        "A job may ask for less, never more (refused)",
     )
     worker.add_argument("--name", default=None, help="shown in the service (default: host name)")
     worker.add_argument(
@@ -73,6 +73,35 @@ def add_parser(commands: Any) -> None:
         "(TUNER_WORKER_PASS_ENV, comma-separated), e.g. HF_TOKEN for gated models. A job "
         "gets only the path, locale, Python, CUDA, NCCL, PyTorch and thread variables "
         "otherwise, never TUNER_*",
+    )
+    worker.add_argument(
+        "--max-warmup-steps",
+        type=positive_int,
+        default=None,
+        help="the most warm-up steps a job may ask for (TUNER_MAX_WARMUP_STEPS; default 10); "
+        "a job asking more fails with the reason",
+    )
+    worker.add_argument(
+        "--max-size-cap",
+        type=positive_int,
+        default=None,
+        help="the largest size cap (micro batch size to try) a job may ask for "
+        "(TUNER_MAX_SIZE_CAP; default 4096); a job asking more fails with the reason",
+    )
+    worker.add_argument(
+        "--allow-path",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="a directory whose files a job's path options may name (-o config=...), "
+        "repeatable (TUNER_WORKER_ALLOW_PATH, separated by ':'); only regular files under "
+        "it are read. Default: none, so no job reads a file",
+    )
+    worker.add_argument(
+        "--max-file-bytes",
+        type=memory,
+        default=None,
+        help="the largest file a job's option may name (TUNER_MAX_FILE_BYTES; default 4MiB)",
     )
     worker.add_argument(
         "--ranks",
@@ -102,7 +131,9 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, stderr: Console) -> int:
+    from tuner.core.option_files import FilePolicy
     from tuner.worker.allow import AllowList
+    from tuner.worker.ceilings import Ceilings
     from tuner.worker.loop import Worker, WorkerSettings, describe_device
     from tuner.worker.profile_run import passable_names
 
@@ -124,7 +155,16 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         )
     pass_env = passable_names(args.pass_env or settings.pass_env)
     memory_limit = args.memory_limit or settings.memory_limit
+    files = FilePolicy.of(
+        args.allow_path or settings.allow_path,
+        max_bytes=args.max_file_bytes or settings.max_file_bytes,
+    )
     identity = describe_device(args.device or settings.device, memory_limit)
+    ceilings = Ceilings(
+        memory_limit_bytes=memory_limit or identity.info.capacity_bytes,
+        warmup_steps=args.max_warmup_steps or settings.max_warmup_steps,
+        size_cap=args.max_size_cap or settings.max_size_cap,
+    )
     worker = Worker(
         url=url,
         token=args.token or settings.token,
@@ -133,6 +173,8 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         allow=allow,
         pass_env=pass_env,
         memory_limit_bytes=memory_limit,
+        ceilings=ceilings,
+        files=files,
         poll_interval=args.poll_interval or settings.poll_interval,
         job_timeout=args.job_timeout or settings.job_timeout,
         ranks=args.ranks or settings.ranks,
