@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -14,11 +15,15 @@ from api.cache import GenerationCache, SingleFlight
 from api.config import ServiceSettings
 from api.db import Database
 from api.limits import WriteLimiter
+from api.models import DEFAULT_PROJECT_ID
 from api.security import ANONYMOUS_READER, TOUCH_INTERVAL, Principal, digest, require_scope
+from api.store.projects import project_id_of
 from api.store.tokens import authenticate, touch_token
-from tuner.core.errors import AuthenticationError
+from tuner.core.errors import AuthenticationError, NotFoundError, PermissionDeniedError
 
 TOKEN_COOKIE = "tuner_token"
+# The project an admin token that spans every project acts in (default: ``default``).
+PROJECT_HEADER = "X-Tuner-Project"
 
 
 # Async although they only read attributes: FastAPI runs a plain `def` dependency in its
@@ -119,6 +124,48 @@ async def _principal(request: Request, token: str) -> Principal:
     return await checks.run(key, check_and_touch)
 
 
+async def project_id(request: Request, name: str) -> int:
+    """The id of the project ``name``; projects are never renamed or deleted, so an id
+    once read is kept for the process's life."""
+    known: dict[str, int] = request.app.state.project_ids
+    found = known.get(name)
+    if found is not None:
+        return found
+    db: Database = request.app.state.db
+
+    def read() -> int | None:
+        with db.session() as session:
+            return project_id_of(session, name)
+
+    read_id = await run_in_threadpool(read)
+    if read_id is None:
+        raise NotFoundError(
+            f"no project is named {name!r}: `tuner token create --project {name}` creates it"
+        )
+    known[name] = read_id
+    return read_id
+
+
+async def _acting(request: Request, principal: Principal) -> Principal:
+    """``principal`` acting in the project the request names (``X-Tuner-Project``): any
+    project for an admin token that spans them all (else ``default``); its own only for
+    every other token."""
+    asked = request.headers.get(PROJECT_HEADER)
+    if asked is None:
+        if principal.project_id is None:
+            return replace(principal, project_id=DEFAULT_PROJECT_ID)
+        return principal
+    wanted = await project_id(request, asked)
+    if principal.project_id is None:
+        return replace(principal, project_id=wanted)
+    if wanted != principal.project_id:
+        raise PermissionDeniedError(
+            f"token {principal.name!r} reads and writes its own project only, not {asked!r}: "
+            "use a token of that project"
+        )
+    return principal
+
+
 async def authorize(request: Request, scope: str, *alternatives: str) -> Principal:
     """The caller, if it holds ``scope`` or any one of ``alternatives``; else the error
     that says what is missing."""
@@ -136,7 +183,7 @@ async def authorize(request: Request, scope: str, *alternatives: str) -> Princip
             else "this request needs a token: send `Authorization: Bearer <token>` "
             "(an admin creates one with `tuner token create`)"
         )
-    principal = await _principal(request, token)
+    principal = await _acting(request, await _principal(request, token))
     request.scope.setdefault("state", {})[TOKEN_NAME] = principal.name  # for the access log
     accepted = (scope, *alternatives)
     if not any(principal.allows(one) for one in accepted):

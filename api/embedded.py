@@ -13,8 +13,10 @@ Alembic, psycopg).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -25,7 +27,9 @@ from api.config import ServiceSettings
 from api.db import Database
 from api.errors import describe_invalid
 from api.migrate import prepare_database
-from api.security import SCOPES, Principal
+from api.models import DEFAULT_PROJECT
+from api.security import SCOPES, Principal, check_project_name
+from api.store.projects import ensure_project
 from tuner.core.errors import BadInputError, ServiceUnavailableError
 from tuner.core.urls import redact
 from tuner.core.wire.common import Id
@@ -47,6 +51,8 @@ Request = TypeVar("Request", bound=BaseModel)
 _ROW_ID: TypeAdapter[int] = TypeAdapter(Id)
 # Whoever opens the database: every scope, and no token (rows it writes belong to nobody's).
 _OWNER = Principal(None, "database", frozenset(SCOPES))
+# The project a store opened in this process reads and writes, unless it is given one.
+PROJECT_ENV = "TUNER_PROJECT"
 
 
 def _parse(model: type[Request], data: Mapping[str, Any], location: str) -> Request:
@@ -67,11 +73,14 @@ def _row_id(value: int, name: str) -> int:
 class EmbeddedStore:
     """The service's store functions over one database, called in this process."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, project: str | None = None) -> None:
         self.url = url
+        self.project = project or os.environ.get(PROJECT_ENV) or DEFAULT_PROJECT
+        check_project_name(self.project)
         self._settings = ServiceSettings(database_url=url)
         self._db = Database(url)  # connects on first use
         self._prepared = False
+        self._owner = _OWNER
 
     def close(self) -> None:
         self._db.dispose()
@@ -85,6 +94,10 @@ class EmbeddedStore:
                 # As `tuner serve` does: an SQLite file is created and migrated on first
                 # use; PostgreSQL must already be at the head revision (`tuner db upgrade`).
                 prepare_database(self._settings)
+                # Whoever opens the database acts in its project, created if new.
+                with self._db.session(write=True) as session:
+                    project_id = ensure_project(session, self.project).id
+                self._owner = replace(_OWNER, project_id=project_id)
                 self._prepared = True
             yield self._db
         except OperationalError as exc:
@@ -96,64 +109,70 @@ class EmbeddedStore:
     def recommend(self, params: Mapping[str, Any]) -> RecommendationPublic:
         query = _parse(RecommendationQuery, params, "query")
         with self._prepared_db() as db:
-            return service.recommend(db, query)
+            return service.recommend(db, query, project_id=self._owner.project)
 
     def upload_profile(self, document: Mapping[str, Any]) -> ProfilePublic:
         body = _parse(ProfileCreate, document, "body")
         with self._prepared_db() as db:
             # No token here: rows belong to whoever uses this database directly.
-            return service.upload_profile(db, body, registered_by=None)[0]
+            return service.upload_profile(
+                db, body, registered_by=None, project_id=self._owner.project
+            )[0]
 
     def get_profile(self, profile_id: int) -> ProfilePublic:
         profile_id = _row_id(profile_id, "profile_id")
         with self._prepared_db() as db:
-            return service.get_profile(db, profile_id)
+            return service.get_profile(db, profile_id, project_id=self._owner.project)
 
     def list_profiles(self, params: Mapping[str, Any]) -> ProfilesPublic:
         query = _parse(ProfileQuery, params, "query")
         with self._prepared_db() as db:
-            return service.list_profiles(db, query)
+            return service.list_profiles(db, query, project_id=self._owner.project)
 
     def report_oom(self, body: Mapping[str, Any]) -> OomReportPublic:
         report = _parse(OomReportCreate, body, "body")
         with self._prepared_db() as db:
-            return service.report_oom(db, report, token_id=None)[0]
+            return service.report_oom(db, report, token_id=None, project_id=self._owner.project)[0]
 
     def queue_job(self, body: Mapping[str, Any]) -> JobPublic:
         job = _parse(JobCreate, body, "body")
         with self._prepared_db() as db:
             return service.queue_job(
-                db, job, max_attempts=self._settings.max_attempts, token_id=None
+                db,
+                job,
+                max_attempts=self._settings.max_attempts,
+                token_id=None,
+                project_id=self._owner.project,
             )[0]
 
     def get_job(self, job_id: int) -> JobPublic:
         job_id = _row_id(job_id, "job_id")
         with self._prepared_db() as db:
-            return service.get_job(db, job_id)
+            return service.get_job(db, job_id, project_id=self._owner.project)
 
     def register_worker(self, body: Mapping[str, Any]) -> WorkerPublic:
         worker = _parse(WorkerCreate, body, "body")
         with self._prepared_db() as db:
-            return service.register_worker(db, worker, _OWNER)[0]
+            return service.register_worker(db, worker, self._owner)[0]
 
     def claim_job(self, worker_id: int, *, ranks: int) -> JobClaim | None:
         worker_id = _row_id(worker_id, "worker_id")
         with self._prepared_db() as db:
             return service.claim_job(
-                db, worker_id, _OWNER, lease_seconds=self._settings.lease_seconds, ranks=ranks
+                db, worker_id, self._owner, lease_seconds=self._settings.lease_seconds, ranks=ranks
             )
 
     def extend_lease(self, job_id: int, body: Mapping[str, Any]) -> Lease:
         job_id, ref = _row_id(job_id, "job_id"), _parse(LeaseRef, body, "body")
         with self._prepared_db() as db:
             return service.extend_lease(
-                db, job_id, ref.lease_id, _OWNER, lease_seconds=self._settings.lease_seconds
+                db, job_id, ref.lease_id, self._owner, lease_seconds=self._settings.lease_seconds
             )
 
     def submit_result(self, job_id: int, body: Mapping[str, Any]) -> JobPublic:
         job_id, result = _row_id(job_id, "job_id"), _parse(JobResult, body, "body")
         with self._prepared_db() as db:
-            return service.complete_job(db, job_id, result.lease_id, _OWNER, result.profile)
+            return service.complete_job(db, job_id, result.lease_id, self._owner, result.profile)
 
     def report_failure(self, job_id: int, body: Mapping[str, Any]) -> JobPublic:
         job_id, failure = _row_id(job_id, "job_id"), _parse(JobFailure, body, "body")
@@ -162,7 +181,7 @@ class EmbeddedStore:
                 db,
                 job_id,
                 failure.lease_id,
-                _OWNER,
+                self._owner,
                 reason=failure.reason,
                 retryable=failure.retryable,
             )

@@ -60,6 +60,7 @@ def create_app(settings: ServiceSettings | None = None, *, prepare: bool = True)
     # Token checks kept per store generation (see api.cache).
     app.state.reader = DirectReader(database.engine)
     app.state.principals = GenerationCache()
+    app.state.project_ids = {}
     app.state.write_limiter = WriteLimiter(settings.write_rate_limit)
     app.state.principal_checks = SingleFlight()
     install_error_handlers(app)

@@ -1,4 +1,10 @@
-"""Tables: devices, workloads, profiles and their probes, jobs, workers, tokens, OOM reports.
+"""Tables: projects; devices, workloads, profiles and their probes, jobs, workers, tokens,
+OOM reports.
+
+Every workload, device, job, worker and OOM report belongs to one project (profiles and
+their probes through their workload), and every token to one, or, for an admin token, to
+all. A key is unique within its project: two teams that profile the same model each have
+their own row, and neither's answers rest on the other's evidence.
 
 Byte counts are 64-bit. Timestamps are stored in UTC and read back timezone-aware on
 every database. Constraint names follow one convention so that migrations can name them
@@ -69,11 +75,35 @@ class Base(DeclarativeBase):
     }
 
 
-class Device(Base):
-    __tablename__ = "devices"
+DEFAULT_PROJECT_ID = 1  # the project every row stored before projects belongs to (0015)
+DEFAULT_PROJECT = "default"
+
+
+class Project(Base):
+    """A team's own store within the service: its tokens write and read only its rows."""
+
+    __tablename__ = "projects"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    key: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+def _project_column() -> Mapped[int]:
+    # No foreign key: SQLite cannot add one to a table in place (see migration 0015);
+    # projects are never deleted.
+    return mapped_column(
+        Integer, default=DEFAULT_PROJECT_ID, server_default=str(DEFAULT_PROJECT_ID), index=True
+    )
+
+
+class Device(Base):
+    __tablename__ = "devices"
+    __table_args__ = (UniqueConstraint("project_id", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project_id: Mapped[int] = _project_column()
+    key: Mapped[str] = mapped_column(String(64))
     kind: Mapped[str] = mapped_column(String(16))
     name: Mapped[str] = mapped_column(String(200), index=True)
     capacity_bytes: Mapped[int] = mapped_column(BigInteger)
@@ -87,9 +117,11 @@ class Device(Base):
 
 class Workload(Base):
     __tablename__ = "workloads"
+    __table_args__ = (UniqueConstraint("project_id", "key"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    key: Mapped[str] = mapped_column(String(64), unique=True)
+    project_id: Mapped[int] = _project_column()
+    key: Mapped[str] = mapped_column(String(64))
     name: Mapped[str] = mapped_column(String(200), index=True)
     target: Mapped[str | None] = mapped_column(String(500))
     precision: Mapped[str] = mapped_column(String(8))
@@ -237,6 +269,7 @@ class Worker(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project_id: Mapped[int] = _project_column()
     name: Mapped[str] = mapped_column(String(200))
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), index=True)
     # The token that registered it: only that token (or an admin's) acts for it. None for
@@ -266,6 +299,7 @@ class Job(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project_id: Mapped[int] = _project_column()
     target: Mapped[str] = mapped_column(String(500))
     options: Mapped[dict[str, Any]] = mapped_column(default=dict)
     settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
@@ -298,6 +332,8 @@ class ApiToken(Base):
     prefix: Mapped[str] = mapped_column(String(32))
     digest: Mapped[str] = mapped_column(String(64), unique=True)
     scopes: Mapped[str] = mapped_column(String(100))
+    # The project it reads and writes; None: every project (admin tokens only).
+    project_id: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column()
     revoked_at: Mapped[datetime | None] = mapped_column()
@@ -314,6 +350,7 @@ class OomReport(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project_id: Mapped[int] = _project_column()
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
     micro_batch_size: Mapped[int] = mapped_column(Integer)

@@ -2,7 +2,8 @@
 
 Scopes: ``read`` (GET), ``write`` (create devices, workloads, profiles, jobs, OOM reports),
 ``worker`` (register, claim, heartbeat, finish jobs, upload profiles) and ``admin``
-(everything). ``write`` and ``worker`` include ``read``.
+(everything). ``write`` and ``worker`` include ``read``. A token reads and writes in its
+own project only; an admin token may instead span every project.
 
 This module is the policy only: what a token looks like, what it grants and when it is
 refused. Its rows are read and written in :mod:`api.store.tokens`.
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from api.models import utcnow
+from api.models import DEFAULT_PROJECT_ID, utcnow
 from tuner.core.errors import AuthenticationError, BadInputError, PermissionDeniedError
 
 if TYPE_CHECKING:
@@ -32,14 +34,24 @@ TOUCH_INTERVAL = timedelta(minutes=1)
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: a token's id, name and scopes, or the anonymous public reader."""
+    """Who is calling: a token's id, name, scopes and project, or the anonymous public
+    reader (of the project ``default``). ``project_id`` None: every project, an admin
+    token's, which acts in the project a request names (:func:`api.deps.authorize`)."""
 
     token_id: int | None
     name: str
     scopes: frozenset[str]
+    project_id: int | None = DEFAULT_PROJECT_ID
 
     def allows(self, scope: str) -> bool:
         return scope in self.scopes
+
+    @property
+    def project(self) -> int:
+        """The project this request reads and writes (resolved before any route runs)."""
+        if self.project_id is None:
+            raise AssertionError("an all-projects token acts in the project its request names")
+        return self.project_id
 
 
 ANONYMOUS_READER = Principal(None, "public", frozenset({"read"}))
@@ -86,7 +98,20 @@ def principal_of(row: ApiToken | None, computed: str) -> tuple[Principal, bool]:
     if row.revoked_at is not None:
         raise AuthenticationError(f"token {row.prefix}... was revoked; create a new one")
     stale = row.last_used_at is None or utcnow() - row.last_used_at > TOUCH_INTERVAL
-    return Principal(row.id, row.name, expand_scopes(row.scopes.split(","))), stale
+    scopes = expand_scopes(row.scopes.split(","))
+    return Principal(row.id, row.name, scopes, row.project_id), stale
+
+
+# A project's name travels in headers and URLs: plain characters only.
+_PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def check_project_name(name: str) -> None:
+    if not _PROJECT_NAME.fullmatch(name):
+        raise BadInputError(
+            f"project name {name!r} is not one: use 1 to 100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
 
 
 def require_scope(principal: Principal, scope: str) -> None:

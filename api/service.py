@@ -31,22 +31,24 @@ from tuner.core.wire.recommendation import RecommendationPublic, RecommendationQ
 from tuner.core.wire.workers import WorkerCreate, WorkerPublic
 
 
-def recommend(db: Database, query: RecommendationQuery) -> RecommendationPublic:
-    """The answer to ``query``: :func:`tuner.answer.decide` over the store's evidence, read
-    in one transaction."""
+def recommend(db: Database, query: RecommendationQuery, *, project_id: int) -> RecommendationPublic:
+    """The answer to ``query``: :func:`tuner.answer.decide` over the project's evidence,
+    read in one transaction."""
     with db.session() as session:
-        return decide(query, SqlEvidence(session), now=utcnow())
+        return decide(query, SqlEvidence(session, project_id), now=utcnow())
 
 
 def upload_profiles(
-    db: Database, body: PrintedProfile, *, registered_by: int | None
+    db: Database, body: PrintedProfile, *, registered_by: int | None, project_id: int
 ) -> tuple[ProfilePublic | ProfilesCreated, bool]:
     """Store a printed profile, or every length's profile of a ``--seq-lens`` document,
     all or none; says whether any was new."""
     printed = body.profiles if not isinstance(body, ProfileReportCreate) else [body]
     with db.session(write=True) as session:
         saved = [
-            profiles.save_profile(session, profile.create(), registered_by=registered_by)
+            profiles.save_profile(
+                session, profile.create(), project_id=project_id, registered_by=registered_by
+            )
             for profile in printed
         ]
         created = any(new for _, new in saved)
@@ -57,39 +59,43 @@ def upload_profiles(
 
 
 def upload_profile(
-    db: Database, body: ProfileCreate, *, registered_by: int | None
+    db: Database, body: ProfileCreate, *, registered_by: int | None, project_id: int
 ) -> tuple[ProfilePublic, bool]:
     """Store one profile with its probes; says whether it was new."""
     with db.session(write=True) as session:
-        row, created = profiles.save_profile(session, body, registered_by=registered_by)
+        row, created = profiles.save_profile(
+            session, body, project_id=project_id, registered_by=registered_by
+        )
         return profiles.to_public(row), created
 
 
-def get_profile(db: Database, profile_id: int) -> ProfilePublic:
+def get_profile(db: Database, profile_id: int, *, project_id: int) -> ProfilePublic:
     with db.session() as session:
-        return profiles.to_public(profiles.get_profile(session, profile_id))
+        return profiles.to_public(profiles.get_profile(session, profile_id, project_id=project_id))
 
 
-def list_profiles(db: Database, query: ProfileQuery) -> ProfilesPublic:
+def list_profiles(db: Database, query: ProfileQuery, *, project_id: int) -> ProfilesPublic:
     with db.session() as session:
-        rows, count, token = profiles.list_profiles(session, query)
+        rows, count, token = profiles.list_profiles(session, query, project_id=project_id)
         return ProfilesPublic(
             data=[profiles.to_summary(row) for row in rows], count=count, next_page_token=token
         )
 
 
 def report_oom(
-    db: Database, body: OomReportCreate, *, token_id: int | None
+    db: Database, body: OomReportCreate, *, token_id: int | None, project_id: int
 ) -> tuple[OomReportPublic, bool]:
     with db.session(write=True) as session:
-        return oom_reports.add_oom_report(session, body, token_id=token_id)
+        return oom_reports.add_oom_report(session, body, token_id=token_id, project_id=project_id)
 
 
 def queue_job(
-    db: Database, body: JobCreate, *, max_attempts: int, token_id: int | None
+    db: Database, body: JobCreate, *, max_attempts: int, token_id: int | None, project_id: int
 ) -> tuple[JobPublic, bool]:
     with db.session(write=True) as session:
-        job, created = jobs.create_job(session, body, max_attempts=max_attempts, token_id=token_id)
+        job, created = jobs.create_job(
+            session, body, max_attempts=max_attempts, token_id=token_id, project_id=project_id
+        )
         return JobPublic.model_validate(job), created
 
 
@@ -103,16 +109,16 @@ def sweep_expired_leases(db: Database) -> None:
             jobs.expire_leases(session)
 
 
-def get_job(db: Database, job_id: int) -> JobPublic:
+def get_job(db: Database, job_id: int, *, project_id: int) -> JobPublic:
     sweep_expired_leases(db)
     with db.session() as session:
-        return JobPublic.model_validate(jobs.get_job(session, job_id))
+        return JobPublic.model_validate(jobs.get_job(session, job_id, project_id=project_id))
 
 
-def list_jobs(db: Database, query: JobQuery) -> JobsPublic:
+def list_jobs(db: Database, query: JobQuery, *, project_id: int) -> JobsPublic:
     sweep_expired_leases(db)
     with db.session() as session:
-        rows, count, token = jobs.list_jobs(session, query)
+        rows, count, token = jobs.list_jobs(session, query, project_id=project_id)
         return JobsPublic(
             data=[JobPublic.model_validate(row) for row in rows],
             count=count,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from alembic import context
 from sqlalchemy.engine import Connection
 
@@ -12,6 +15,29 @@ config = context.config
 
 
 def _run(connection: Connection) -> None:
+    if connection.dialect.name == "sqlite":
+        # SQLite changes most of a table's schema by copying it (batch mode), and dropping
+        # the old copy with foreign keys on would cascade to every row that refers to it.
+        # The pragma is a no-op inside a transaction, so it goes to the driver before
+        # alembic begins one; revisions that copy tables check it, and what they leave.
+        with _foreign_keys(connection, on=False):
+            _migrate(connection)
+        return
+    _migrate(connection)
+
+
+@contextmanager
+def _foreign_keys(connection: Connection, *, on: bool) -> Iterator[None]:
+    raw = connection.connection.dbapi_connection
+    assert raw is not None
+    raw.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
+    try:
+        yield
+    finally:
+        raw.execute(f"PRAGMA foreign_keys={'OFF' if on else 'ON'}")
+
+
+def _migrate(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=Base.metadata,

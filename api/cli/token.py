@@ -14,6 +14,8 @@ from rich.table import Table
 
 from tuner.core.commands import EXIT_OK, positive_int
 
+DEFAULT_PROJECT = "default"  # api.models.DEFAULT_PROJECT, without importing the store here
+
 
 def add_parser(commands: Any) -> None:
     token = commands.add_parser("token", help="create, list and revoke API tokens")
@@ -31,6 +33,18 @@ def add_parser(commands: Any) -> None:
         required=True,
         help="read, write, worker or admin; repeat for several",
     )
+    where = create.add_mutually_exclusive_group()
+    where.add_argument(
+        "--project",
+        default=DEFAULT_PROJECT,
+        help="the project it reads and writes, created if new (default: default); a "
+        "token sees nothing of other projects",
+    )
+    where.add_argument(
+        "--all-projects",
+        action="store_true",
+        help="admin tokens only: every project (a request names one with X-Tuner-Project)",
+    )
     actions.add_parser("list", help="list tokens (never their secret)")
     revoke = actions.add_parser("revoke", help="revoke a token by id")
     revoke.add_argument("token_id", type=positive_int)
@@ -40,6 +54,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     from api import migrate
     from api.config import ServiceSettings
     from api.db import Database
+    from api.store.projects import project_names
     from api.store.tokens import create_token, list_tokens, revoke_token
 
     url = args.database_url or ServiceSettings().database_url
@@ -49,24 +64,33 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     try:
         if args.token_action == "create":
             with database.session(write=True) as session:
-                row, plain = create_token(session, name=args.name, scopes=args.scopes)
+                project = None if args.all_projects else args.project
+                row, plain = create_token(
+                    session, name=args.name, scopes=args.scopes, project=project
+                )
                 token_id = row.id
             print(plain)
+            scopes = ", ".join(sorted(set(args.scopes)))
+            where = "every project" if project is None else f"project {project}"
             stderr.print(
-                f"token {token_id} ({args.name}, scopes {', '.join(sorted(set(args.scopes)))}) "
+                f"token {token_id} ({args.name}, scopes {scopes}, {where}) "
                 "created; it is shown only this once",
                 highlight=False,
             )
         elif args.token_action == "list":
             with database.session() as session:
                 rows = list_tokens(session)
-            table = Table("id", "name", "prefix", "scopes", "created", "last used", "revoked")
+                names = project_names(session)
+            table = Table(
+                "id", "name", "prefix", "scopes", "project", "created", "last used", "revoked"
+            )
             for row in rows:
                 table.add_row(
                     str(row.id),
                     row.name,
                     row.prefix + "...",
                     row.scopes,
+                    "(all)" if row.project_id is None else names.get(row.project_id, "?"),
                     f"{row.created_at:%Y-%m-%d %H:%M}",
                     f"{row.last_used_at:%Y-%m-%d %H:%M}" if row.last_used_at else "-",
                     f"{row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "-",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import urlencode
 
@@ -74,8 +75,9 @@ def read_question(params: Mapping[str, str], defaults: Mapping[str, str]) -> dic
     return question
 
 
-async def calculate(request: Request, question: dict[str, str]) -> Calculation:
-    """Ask the recommendation route's own code; parse the JSON it sends."""
+async def calculate(request: Request, question: dict[str, str], *, project_id: int) -> Calculation:
+    """Ask the recommendation route's own code, in the reader's project; parse the JSON it
+    sends."""
     asked = {name: value for name, value in question.items() if value != ""}
     try:
         query = RecommendationQuery.model_validate(asked)
@@ -83,7 +85,9 @@ async def calculate(request: Request, question: dict[str, str]) -> Calculation:
         message, _ = describe_invalid(exc.errors(), location=("query",))
         return Calculation(question, error=message, status=422)
     try:
-        answer = await run_in_threadpool(service.recommend, request.app.state.db, query)
+        answer = await run_in_threadpool(
+            partial(service.recommend, project_id=project_id), request.app.state.db, query
+        )
     except TunerError as exc:
         return Calculation(question, error=exc.message, status=STATUS_BY_CODE.get(exc.code, 400))
     # The rows the answer read, by key: the menus select them, and every later edit of the

@@ -20,6 +20,7 @@ from api import models
 from api.dashboard.format import fmt_bytes, mode_label, oom_cap, variant_text
 from api.store.evidence import SqlEvidence, device_row
 from api.store.profiles import find_device, find_workload, get_profile, get_workload, to_public
+from api.store.projects import in_project
 from tuner.answer import current
 from tuner.answer.devices import DeviceResult, on_every_device
 from tuner.core.errors import NotFoundError
@@ -227,12 +228,12 @@ class _Decided:
 
 
 def _decided(
-    session: Session, profile_ids: Sequence[int], workload_ids: Sequence[int]
+    session: Session, profile_ids: Sequence[int], workload_ids: Sequence[int], project_id: int
 ) -> dict[int, _Decided]:
     """Whether each listed profile is superseded, what caps it, and its footprint and
     speed at M*, decided by :mod:`tuner.answer.current` from the evidence of the page's
     workloads (the same definitions an answer uses)."""
-    evidence = SqlEvidence(session)
+    evidence = SqlEvidence(session, project_id)
     profiles = evidence.profiles(set(workload_ids))
     reports = evidence.oom_reports(set(workload_ids))
     probes = evidence.probes(profile_ids)
@@ -251,8 +252,8 @@ def _decided(
     return decided
 
 
-def list_profiles(session: Session, query: ListQuery) -> ProfileList:
-    """One page of profile rows, the number matching, and the filter menus."""
+def list_profiles(session: Session, query: ListQuery, *, project_id: int) -> ProfileList:
+    """One page of the project's profile rows, the number matching, and the filter menus."""
     # Sorting by headroom orders by the reserved peak and memory outside torch at M* (the
     # page shows the footprint tuner.answer.current defines, CPU collective copies in it).
     footprint = (
@@ -263,7 +264,8 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
         .scalar_subquery()
     )
     superseded = _superseded(_P)
-    where: list[ColumnElement[bool]] = []
+    of_project = in_project(project_id)
+    where: list[ColumnElement[bool]] = [of_project]
     if query.workload_id is not None:
         where.append(_P.workload_id == query.workload_id)
     if query.device_id is not None:
@@ -309,7 +311,7 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
         .offset((query.page - 1) * query.size)
     )
     found = session.execute(statement).all()
-    decided = _decided(session, [r[0] for r in found], [r[2] for r in found])
+    decided = _decided(session, [r[0] for r in found], [r[2] for r in found], project_id)
     rows = [
         ProfileRow(
             id=r[0],
@@ -341,13 +343,13 @@ def list_profiles(session: Session, query: ListQuery) -> ProfileList:
     total = count
     if query.filtered:
         # Tells "nothing matches these filters" apart from "nothing stored yet".
-        total = session.scalar(select(func.count()).select_from(_P)) or 0
+        total = session.scalar(select(func.count()).select_from(_P).where(of_project)) or 0
     return ProfileList(
         rows=rows,
         count=count,
         total=total,
-        workloads=workload_choices(session),
-        devices=device_choices(session),
+        workloads=workload_choices(session, project_id),
+        devices=device_choices(session, project_id),
     )
 
 
@@ -384,24 +386,27 @@ def run_label(
     return " · ".join(parts)
 
 
-def variants_by_workload(session: Session) -> dict[int, dict[str, Any]]:
+def variants_by_workload(session: Session, project_id: int) -> dict[int, dict[str, Any]]:
     """The variant options each explored workload's profiles measured (one workload per
     variant: the options change the key)."""
     rows = session.execute(
         select(_P.workload_id, _P.variant)
-        .where(_P.variant_group.is_not(None))
+        .where(in_project(project_id), _P.variant_group.is_not(None))
         .order_by(_P.received_at.asc())
     ).all()
     return {workload_id: dict(variant or {}) for workload_id, variant in rows}
 
 
-def workload_choices(session: Session) -> list[Choice]:
-    """Every workload, named by what tells it apart: its mode, sequence length and the
-    variant options its profiles measured (an explored variant is a workload of its own)."""
+def workload_choices(session: Session, project_id: int) -> list[Choice]:
+    """Every workload of the project, named by what tells it apart: its mode, sequence
+    length and the variant options its profiles measured (an explored variant is a
+    workload of its own)."""
     rows = session.execute(
-        select(_W.id, _W.name, _W.key, _W.parallel_mode, _W.seq_len).order_by(_W.name, _W.id)
+        select(_W.id, _W.name, _W.key, _W.parallel_mode, _W.seq_len)
+        .where(_W.project_id == project_id)
+        .order_by(_W.name, _W.id)
     ).all()
-    variants = variants_by_workload(session)
+    variants = variants_by_workload(session, project_id)
     return _labelled(
         [
             (
@@ -414,10 +419,12 @@ def workload_choices(session: Session) -> list[Choice]:
     )
 
 
-def device_choices(session: Session) -> list[Choice]:
-    """Every device, named with its memory (what a reader picks a device by)."""
+def device_choices(session: Session, project_id: int) -> list[Choice]:
+    """Every device of the project, named with its memory (what a reader picks a device by)."""
     rows = session.execute(
-        select(_D.id, _D.name, _D.key, _D.capacity_bytes).order_by(_D.name, _D.id)
+        select(_D.id, _D.name, _D.key, _D.capacity_bytes)
+        .where(_D.project_id == project_id)
+        .order_by(_D.name, _D.id)
     ).all()
     return _labelled([(r[0], f"{r[1]} · {fmt_bytes(r[3])}", r[2]) for r in rows])
 
@@ -442,7 +449,7 @@ class QuestionChoices:
 
 
 def question_choices(
-    session: Session, *, workload: str | None = None, device: str | None = None
+    session: Session, *, project_id: int, workload: str | None = None, device: str | None = None
 ) -> QuestionChoices:
     """The calculator's menus and the run it asks about where the question leaves a field
     out: the run of the newest profile of the workload and device asked (by key), else of
@@ -452,38 +459,46 @@ def question_choices(
         select(_W.key, _D.key, _P.world_size, _P.parallel_mode, _P.max_micro_batch_size, _P.tp)
         .join(_W, _W.id == _P.workload_id)
         .join(_D, _D.id == _P.device_id)
+        .where(_W.project_id == project_id)
         .order_by(_P.received_at.desc(), _P.id.desc())
         .limit(1)
     )
     # The rows the references mean, as an answer reads them (key, else the owner's name).
-    by_workload = [_W.id == _reference_id(session, models.Workload, workload)] if workload else []
-    by_device = [_D.id == _reference_id(session, models.Device, device)] if device else []
+    by_workload = (
+        [_W.id == _reference_id(session, models.Workload, workload, project_id)] if workload else []
+    )
+    by_device = (
+        [_D.id == _reference_id(session, models.Device, device, project_id)] if device else []
+    )
     newest = None
     for where in (by_workload + by_device, by_workload, by_device, []):
         newest = session.execute(newest_first.where(*where)).first()
         if newest is not None:
             break
     return QuestionChoices(
-        workloads=workload_choices(session),
-        devices=device_choices(session),
+        workloads=workload_choices(session, project_id),
+        devices=device_choices(session, project_id),
         newest=NewestRun(*newest[:5], tp=newest[5] or 1) if newest is not None else None,
     )
 
 
 def _reference_id(
-    session: Session, table: type[models.Workload] | type[models.Device], reference: str
+    session: Session,
+    table: type[models.Workload] | type[models.Device],
+    reference: str,
+    project_id: int,
 ) -> int | None:
-    """The row ``reference`` means (:mod:`tuner.answer.identity`), or ``None``."""
+    """The project's row ``reference`` means (:mod:`tuner.answer.identity`), or ``None``."""
     try:
         if table is models.Workload:
-            return find_workload(session, reference).id
-        return find_device(session, reference).id
+            return find_workload(session, reference, project_id=project_id).id
+        return find_device(session, reference, project_id=project_id).id
     except NotFoundError:
         return None
 
 
-def profile_count(session: Session) -> int:
-    return session.scalar(select(func.count()).select_from(_P)) or 0
+def profile_count(session: Session, project_id: int) -> int:
+    return session.scalar(select(func.count()).select_from(_P).where(in_project(project_id))) or 0
 
 
 # One profile
@@ -527,11 +542,11 @@ class ProfileDetail:
         )
 
 
-def profile_detail(session: Session, profile_id: int) -> ProfileDetail:
-    """One profile, whether it is current and what caps it (:mod:`tuner.answer.current`),
-    and the OOM reports made since it was received."""
-    row = get_profile(session, profile_id)
-    evidence = SqlEvidence(session)
+def profile_detail(session: Session, profile_id: int, *, project_id: int) -> ProfileDetail:
+    """One profile of the project, whether it is current and what caps it
+    (:mod:`tuner.answer.current`), and the OOM reports made since it was received."""
+    row = get_profile(session, profile_id, project_id=project_id)
+    evidence = SqlEvidence(session, project_id)
     profiles = evidence.profiles([row.workload_id])
     this = next(p for p in profiles if p.id == row.id)
     newest = current.current_at(profiles, row.workload_id, row.device_id, this.mesh)
@@ -583,8 +598,9 @@ class WorkloadSummary:
 WORKLOAD_LIST_LIMIT = 1000
 
 
-def list_workloads(session: Session) -> list[WorkloadSummary]:
-    """Every workload with how many profiles and devices it has; most recently profiled first."""
+def list_workloads(session: Session, project_id: int) -> list[WorkloadSummary]:
+    """Every workload of the project with how many profiles and devices it has; most
+    recently profiled first."""
     last = func.max(_P.created_at)
     statement = (
         select(
@@ -603,11 +619,12 @@ def list_workloads(session: Session) -> list[WorkloadSummary]:
             _W.seq_len,
         )
         .outerjoin(_P, _P.workload_id == _W.id)
+        .where(_W.project_id == project_id)
         .group_by(_W.id)
         .order_by(last.desc().nulls_last(), _W.name)
         .limit(WORKLOAD_LIST_LIMIT)
     )
-    variants = variants_by_workload(session)
+    variants = variants_by_workload(session, project_id)
     return [
         WorkloadSummary(*row, variant=variants.get(row[0], {}))
         for row in session.execute(statement)
@@ -628,13 +645,15 @@ class WorkloadDetail:
         return max((r.samples_per_second or 0.0 for r in self.results), default=0.0)
 
 
-def workload_detail(session: Session, workload_id: int) -> WorkloadDetail:
-    """The workload's M* and throughput on every known device, side by side: the evidence
-    read here, measured or estimated decided by :func:`tuner.answer.devices.on_every_device`."""
-    workload = get_workload(session, workload_id)
-    evidence = SqlEvidence(session)
+def workload_detail(session: Session, workload_id: int, *, project_id: int) -> WorkloadDetail:
+    """The workload's M* and throughput on every device of its project, side by side: the
+    evidence read here, measured or estimated decided by
+    :func:`tuner.answer.devices.on_every_device`."""
+    workload = get_workload(session, workload_id, project_id=project_id)
+    evidence = SqlEvidence(session, project_id)
     profiles = evidence.profiles([workload_id])
-    devices = [device_row(row) for row in session.execute(_DEVICES.order_by(_D.name, _D.id))]
+    of_project = _DEVICES.where(_D.project_id == project_id).order_by(_D.name, _D.id)
+    devices = [device_row(row) for row in session.execute(of_project)]
     shown = {
         shapes[0].id
         for device in devices
@@ -665,9 +684,9 @@ class DeviceSummary:
     last_profiled_at: datetime | None
 
 
-def list_devices(session: Session) -> list[DeviceSummary]:
-    """Every device with how much was measured on it and how many workers serve it; the
-    most recently profiled first. One statement."""
+def list_devices(session: Session, project_id: int) -> list[DeviceSummary]:
+    """Every device of the project with how much was measured on it and how many workers
+    serve it; the most recently profiled first. One statement."""
     workers = (
         select(func.count(models.Worker.id))
         .where(models.Worker.device_id == _D.id)
@@ -687,6 +706,7 @@ def list_devices(session: Session) -> list[DeviceSummary]:
             last,
         )
         .outerjoin(_P, _P.device_id == _D.id)
+        .where(_D.project_id == project_id)
         .group_by(_D.id)
         .order_by(last.desc().nulls_last(), _D.name, _D.id)
     )
@@ -706,13 +726,16 @@ class LengthFamilyRows:
     profiles: list[models.Profile]
 
 
-def length_family(session: Session, key: str) -> LengthFamilyRows:
-    """The family's profiles at world size 1: one statement for the rows (workload and
-    device joined), one for their probes; one more only when none was profiled yet."""
+def length_family(session: Session, key: str, *, project_id: int) -> LengthFamilyRows:
+    """The project's family's profiles at world size 1: one statement for the rows
+    (workload and device joined), one for their probes; one more only when none was
+    profiled yet."""
     members = session.scalars(
-        select(_W.id).where(_W.length_family == key, _W.seq_len.is_not(None))
+        select(_W.id).where(
+            _W.project_id == project_id, _W.length_family == key, _W.seq_len.is_not(None)
+        )
     ).all()
-    heads = SqlEvidence(session).profiles(members)
+    heads = SqlEvidence(session, project_id).profiles(members)
     shown = {
         found.id
         for row in heads
@@ -725,7 +748,10 @@ def length_family(session: Session, key: str) -> LengthFamilyRows:
         profiles[0].workload
         if profiles
         else session.scalar(
-            select(_W).where(_W.length_family == key).order_by(_W.seq_len, _W.id).limit(1)
+            select(_W)
+            .where(_W.project_id == project_id, _W.length_family == key)
+            .order_by(_W.seq_len, _W.id)
+            .limit(1)
         )
     )
     if workload is None:
@@ -792,7 +818,7 @@ JOBS_SHOWN = 100
 SUCCEEDED_SHOWN = 10
 
 
-def jobs_overview(session: Session) -> JobsOverview:
+def jobs_overview(session: Session, project_id: int) -> JobsOverview:
     """Running, queued (oldest first: the order workers claim them), failed and recently
     succeeded jobs, and every worker. Read-only: expired leases are shown as expired and
     left for the next claim or API read to sweep."""
@@ -800,11 +826,16 @@ def jobs_overview(session: Session) -> JobsOverview:
     counts.update(
         dict(
             session.execute(
-                select(models.Job.status, func.count(models.Job.id)).group_by(models.Job.status)
+                select(models.Job.status, func.count(models.Job.id))
+                .where(models.Job.project_id == project_id)
+                .group_by(models.Job.status)
             ).all()
         )
     )
-    worker_names = dict(session.execute(select(models.Worker.id, models.Worker.name)).all())
+    of_project = models.Worker.project_id == project_id
+    worker_names = dict(
+        session.execute(select(models.Worker.id, models.Worker.name).where(of_project)).all()
+    )
 
     def jobs(status: str, *, oldest_first: bool, limit: int) -> list[JobRow]:
         order = (
@@ -813,7 +844,10 @@ def jobs_overview(session: Session) -> JobsOverview:
             else (models.Job.updated_at.desc(), models.Job.id.desc())
         )
         rows = session.scalars(
-            select(models.Job).where(models.Job.status == status).order_by(*order).limit(limit)
+            select(models.Job)
+            .where(models.Job.project_id == project_id, models.Job.status == status)
+            .order_by(*order)
+            .limit(limit)
         ).all()
         return [
             JobRow(
@@ -848,7 +882,7 @@ def jobs_overview(session: Session) -> JobsOverview:
             running_job_id=running_by_worker.get(worker.id),
         )
         for worker in session.scalars(
-            select(models.Worker).order_by(models.Worker.last_heartbeat_at.desc())
+            select(models.Worker).where(of_project).order_by(models.Worker.last_heartbeat_at.desc())
         )
     ]
     return JobsOverview(

@@ -191,9 +191,12 @@ async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess)
     def read() -> tuple[queries.QuestionChoices, int]:
         with db.session() as session:
             choices = queries.question_choices(
-                session, workload=params.get("workload"), device=params.get("device")
+                session,
+                project_id=principal.project,
+                workload=params.get("workload"),
+                device=params.get("device"),
             )
-            return choices, queries.profile_count(session)
+            return choices, queries.profile_count(session, principal.project)
 
     choices, count = await run_in_threadpool(read)
     calc = None
@@ -218,7 +221,7 @@ async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess)
             ),
         }
         question = calculator.read_question(params, defaults)
-        calc = await calculator.calculate(request, question)
+        calc = await calculator.calculate(request, question, project_id=principal.project)
     return render(
         request,
         "landing.html",
@@ -237,7 +240,7 @@ def profiles_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> R
     """Stored profiles: filter by workload and device, sort, page."""
     query = parse_list_query(request.query_params)
     with db.session() as session:
-        listing = queries.list_profiles(session, query)
+        listing = queries.list_profiles(session, query, project_id=principal.project)
     return render(
         request,
         "profiles.html",
@@ -259,9 +262,11 @@ async def profile_page(
 
     def read() -> tuple[queries.ProfileDetail, list[VariantRow]]:
         with db.session() as session:
-            detail = queries.profile_detail(session, profile_id)
+            detail = queries.profile_detail(session, profile_id, project_id=principal.project)
             group = detail.profile.variant_group
-            return detail, variant_rows(session, profile_id) if group else []
+            if group is None:
+                return detail, []
+            return detail, variant_rows(session, profile_id, project_id=principal.project)
 
     detail, variants = await run_in_threadpool(read)
     profile, probe = detail.profile, detail.at_max
@@ -282,7 +287,7 @@ async def profile_page(
     params = {k: v for k, v in request.query_params.items() if k not in ("workload", "device")}
     question = calculator.read_question(params, defaults)
     calc = (
-        await calculator.calculate(request, question)
+        await calculator.calculate(request, question, project_id=principal.project)
         if profile.max_micro_batch_size > 0
         else calculator.Calculation(question)
     )
@@ -326,7 +331,7 @@ async def profile_page(
 def workloads_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> Response:
     """Every workload, most recently profiled first."""
     with db.session() as session:
-        workloads = queries.list_workloads(session)
+        workloads = queries.list_workloads(session, principal.project)
     return render(
         request,
         "workloads.html",
@@ -344,7 +349,7 @@ def workload_page(
 ) -> Response:
     """One workload's M* and throughput on each device, side by side, and against W."""
     with db.session() as session:
-        detail = queries.workload_detail(session, workload_id)
+        detail = queries.workload_detail(session, workload_id, project_id=principal.project)
         by_world = world_sizes(session, detail.workload)
     return render(
         request,
@@ -363,7 +368,7 @@ def length_family_page(
     """A sequence-length family: M* and tokens per micro batch against sequence length on
     each device, measured and estimated."""
     with db.session() as session:
-        family = queries.length_family(session, family_key)
+        family = queries.length_family(session, family_key, project_id=principal.project)
         devices = by_device(family.profiles)
     return render(
         request,
@@ -379,7 +384,7 @@ def length_family_page(
 def devices_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> Response:
     """Every device: its memory, what was measured on it, and the workers that serve it."""
     with db.session() as session:
-        devices = queries.list_devices(session)
+        devices = queries.list_devices(session, principal.project)
     return render(
         request,
         "devices.html",
@@ -399,7 +404,7 @@ def jobs_page(
 ) -> Response:
     """Queued, running and failed jobs with their reasons; workers and their heartbeats."""
     with db.session() as session:
-        overview = queries.jobs_overview(session)
+        overview = queries.jobs_overview(session, principal.project)
     return render(
         request,
         "jobs.html",

@@ -25,10 +25,10 @@ class VariantRow:
         return self.variant.chosen
 
 
-def variant_rows(session: Session, profile_id: int) -> list[VariantRow]:
+def variant_rows(session: Session, profile_id: int, *, project_id: int) -> list[VariantRow]:
     """The variants explored with this profile, the chosen one marked; empty when not
     explored."""
-    found = variants_of(session, get_profile(session, profile_id))
+    found = variants_of(session, get_profile(session, profile_id, project_id=project_id))
     if found.variant_group is None:
         return []
     top = max((v.samples_per_second or 0.0 for v in found.data), default=0.0)

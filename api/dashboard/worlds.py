@@ -123,6 +123,7 @@ def world_sizes(session: Session, workload: models.Workload) -> list[DeviceWorld
     """Every device the workload's variants were profiled on, when any variant ran on
     several ranks or under DDP or FSDP; empty for a workload only ever run in one process."""
     family = select(models.Workload.id).where(
+        models.Workload.project_id == workload.project_id,
         models.Workload.name == workload.name,
         models.Workload.parameter_count == workload.parameter_count,
         models.Workload.precision == workload.precision,

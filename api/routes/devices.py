@@ -22,7 +22,9 @@ def create_device(
 ) -> DevicePublic:
     """Register a device by its key (201; the same registration again answers 200)."""
     with db.session(write=True) as session:
-        device, created = store.create_device(session, body, registered_by=caller.token_id)
+        device, created = store.create_device(
+            session, body, project_id=caller.project, registered_by=caller.token_id
+        )
         if not created:
             response.status_code = status.HTTP_200_OK
         return DevicePublic.model_validate(device)
@@ -30,11 +32,13 @@ def create_device(
 
 @router.get("")
 def list_devices(
-    db: DatabaseDep, _: ReadAccess, query: Annotated[DeviceQuery, Query()]
+    db: DatabaseDep, caller: ReadAccess, query: Annotated[DeviceQuery, Query()]
 ) -> DevicesPublic:
-    """List devices, newest first, optionally by kind and name."""
+    """List the project's devices, newest first, optionally by kind and name."""
     with db.session() as session:
-        rows, count, token = store.list_devices(session, query, kind=query.kind, name=query.name)
+        rows, count, token = store.list_devices(
+            session, query, project_id=caller.project, kind=query.kind, name=query.name
+        )
         return DevicesPublic(
             data=[DevicePublic.model_validate(row) for row in rows],
             count=count,
@@ -43,7 +47,8 @@ def list_devices(
 
 
 @router.get("/{device_id}")
-def get_device(device_id: DeviceId, db: DatabaseDep, _: ReadAccess) -> DevicePublic:
-    """One device."""
+def get_device(device_id: DeviceId, db: DatabaseDep, caller: ReadAccess) -> DevicePublic:
+    """One device of the project."""
     with db.session() as session:
-        return DevicePublic.model_validate(store.get_device(session, device_id))
+        device = store.get_device(session, device_id, project_id=caller.project)
+        return DevicePublic.model_validate(device)

@@ -32,7 +32,11 @@ def create_job(
     """Queue a profiling job for a device (its key or its name): 201; the same request
     again under its idempotency key answers 200 with the job it queued."""
     job, created = service.queue_job(
-        db, body, max_attempts=settings.max_attempts, token_id=caller.token_id
+        db,
+        body,
+        max_attempts=settings.max_attempts,
+        token_id=caller.token_id,
+        project_id=caller.project,
     )
     if not created:
         response.status_code = status.HTTP_200_OK
@@ -40,15 +44,17 @@ def create_job(
 
 
 @router.get("")
-def list_jobs(db: DatabaseDep, _: ReadAccess, query: Annotated[JobQuery, Query()]) -> JobsPublic:
+def list_jobs(
+    db: DatabaseDep, caller: ReadAccess, query: Annotated[JobQuery, Query()]
+) -> JobsPublic:
     """List jobs, newest first, optionally by status and device."""
-    return service.list_jobs(db, query)
+    return service.list_jobs(db, query, project_id=caller.project)
 
 
 @router.get("/{job_id}")
-def get_job(job_id: JobId, db: DatabaseDep, _: ReadAccess) -> JobPublic:
+def get_job(job_id: JobId, db: DatabaseDep, caller: ReadAccess) -> JobPublic:
     """One job, with its status, attempts and error."""
-    return service.get_job(db, job_id)
+    return service.get_job(db, job_id, project_id=caller.project)
 
 
 @router.post("/{job_id}/heartbeat")

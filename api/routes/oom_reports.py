@@ -17,7 +17,9 @@ def create_oom_report(
 ) -> OomReportPublic:
     """Report an OOM at a micro batch: recommendations stay below it until a newer profile
     (201; the same report again under its idempotency key answers 200)."""
-    report, created = service.report_oom(db, body, token_id=caller.token_id)
+    report, created = service.report_oom(
+        db, body, token_id=caller.token_id, project_id=caller.project
+    )
     if not created:
         response.status_code = status.HTTP_200_OK
     return report

@@ -32,7 +32,9 @@ def create_profile(
     """Store a profile with its probes, as ``tuner profile --json`` prints it (201; the same
     profile sent again answers 200); a ``--seq-lens`` document stores every length's
     profile, all or none."""
-    stored, created = service.upload_profiles(db, body, registered_by=caller.token_id)
+    stored, created = service.upload_profiles(
+        db, body, registered_by=caller.token_id, project_id=caller.project
+    )
     if not created:
         response.status_code = status.HTTP_200_OK
     return stored
@@ -40,20 +42,22 @@ def create_profile(
 
 @router.get("")
 def list_profiles(
-    db: DatabaseDep, _: ReadAccess, query: Annotated[ProfileQuery, Query()]
+    db: DatabaseDep, caller: ReadAccess, query: Annotated[ProfileQuery, Query()]
 ) -> ProfilesPublic:
     """List profiles, newest first, by workload, device and creation time."""
-    return service.list_profiles(db, query)
+    return service.list_profiles(db, query, project_id=caller.project)
 
 
 @router.get("/{profile_id}")
-def get_profile(profile_id: ProfileId, db: DatabaseDep, _: ReadAccess) -> ProfilePublic:
+def get_profile(profile_id: ProfileId, db: DatabaseDep, caller: ReadAccess) -> ProfilePublic:
     """One profile with its probes."""
-    return service.get_profile(db, profile_id)
+    return service.get_profile(db, profile_id, project_id=caller.project)
 
 
 @router.get("/{profile_id}/variants")
-def get_variants(profile_id: ProfileId, db: DatabaseDep, _: ReadAccess) -> VariantsPublic:
+def get_variants(profile_id: ProfileId, db: DatabaseDep, caller: ReadAccess) -> VariantsPublic:
     """The variants explored with this profile (``tuner profile --explore``), compared."""
     with db.session() as session:
-        return variants_of(session, store.get_profile(session, profile_id))
+        return variants_of(
+            session, store.get_profile(session, profile_id, project_id=caller.project)
+        )

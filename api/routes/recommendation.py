@@ -19,10 +19,10 @@ router = APIRouter(prefix="/recommendation", tags=["recommendation"])
 
 @router.get("", response_model=RecommendationPublic)
 def get_recommendation(
-    query: Annotated[RecommendationQuery, Query()], _: ReadAccess, db: DatabaseDep
+    query: Annotated[RecommendationQuery, Query()], caller: ReadAccess, db: DatabaseDep
 ) -> Response:
     """Settings for a global batch on a device: measured, or estimated from another device."""
     # The answer is a RecommendationPublic already: sent as its own JSON (FastAPI's
     # "return a Response directly"), not validated a second time against response_model.
-    answer = service.recommend(db, query)
+    answer = service.recommend(db, query, project_id=caller.project)
     return Response(answer.model_dump_json(), media_type="application/json")

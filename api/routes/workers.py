@@ -31,10 +31,11 @@ def register_worker(
 
 
 @router.get("")
-def list_workers(db: DatabaseDep, _: ReadAccess) -> WorkersPublic:
-    """List registered workers with their devices and last sign of life."""
+def list_workers(db: DatabaseDep, caller: ReadAccess) -> WorkersPublic:
+    """List the project's workers with their devices and last sign of life."""
     with db.session() as session:
-        workers = [service.worker_public(worker) for worker in store.list_workers(session)]
+        rows = store.list_workers(session, project_id=caller.project)
+        workers = [service.worker_public(worker) for worker in rows]
     return WorkersPublic(data=workers, count=len(workers))
 
 

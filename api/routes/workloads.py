@@ -22,7 +22,9 @@ def create_workload(
 ) -> WorkloadPublic:
     """Register a workload by its key (201; the same registration again answers 200)."""
     with db.session(write=True) as session:
-        workload, created = store.create_workload(session, body, registered_by=caller.token_id)
+        workload, created = store.create_workload(
+            session, body, project_id=caller.project, registered_by=caller.token_id
+        )
         if not created:
             response.status_code = status.HTTP_200_OK
         return WorkloadPublic.model_validate(workload)
@@ -30,11 +32,13 @@ def create_workload(
 
 @router.get("")
 def list_workloads(
-    db: DatabaseDep, _: ReadAccess, query: Annotated[WorkloadQuery, Query()]
+    db: DatabaseDep, caller: ReadAccess, query: Annotated[WorkloadQuery, Query()]
 ) -> WorkloadsPublic:
-    """List workloads, newest first, optionally by name."""
+    """List the project's workloads, newest first, optionally by name."""
     with db.session() as session:
-        rows, count, token = store.list_workloads(session, query, name=query.name)
+        rows, count, token = store.list_workloads(
+            session, query, project_id=caller.project, name=query.name
+        )
         return WorkloadsPublic(
             data=[WorkloadPublic.model_validate(row) for row in rows],
             count=count,
@@ -43,7 +47,8 @@ def list_workloads(
 
 
 @router.get("/{workload_id}")
-def get_workload(workload_id: WorkloadId, db: DatabaseDep, _: ReadAccess) -> WorkloadPublic:
-    """One workload."""
+def get_workload(workload_id: WorkloadId, db: DatabaseDep, caller: ReadAccess) -> WorkloadPublic:
+    """One workload of the project."""
     with db.session() as session:
-        return WorkloadPublic.model_validate(store.get_workload(session, workload_id))
+        workload = store.get_workload(session, workload_id, project_id=caller.project)
+        return WorkloadPublic.model_validate(workload)

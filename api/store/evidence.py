@@ -158,15 +158,24 @@ def profile_statement() -> Any:
 
 # Built once, with bound parameters: building a statement costs more than running it.
 _REFERENCE: BindParameter[str] = bindparam("reference")
+_PROJECT: BindParameter[int] = bindparam("project")
 _IDS: BindParameter[list[int]] = bindparam("ids", expanding=True)
+# Rows are found by reference within one project: other projects' rows of the same key or
+# name are theirs. Profiles, probes and reports are then read by the ids found here.
 _WORKLOADS = (
     select(*_WORKLOAD_COLUMNS)
-    .where(or_(_W.key == _REFERENCE, _W.name == _REFERENCE))
+    .where(_W.project_id == _PROJECT, or_(_W.key == _REFERENCE, _W.name == _REFERENCE))
     .order_by(_W.id)
 )
-_FAMILY = select(*_WORKLOAD_COLUMNS).where(_W.length_family == _REFERENCE).order_by(_W.id)
+_FAMILY = (
+    select(*_WORKLOAD_COLUMNS)
+    .where(_W.project_id == _PROJECT, _W.length_family == _REFERENCE)
+    .order_by(_W.id)
+)
 _DEVICES = (
-    select(*_DEVICE_COLUMNS).where(or_(_D.key == _REFERENCE, _D.name == _REFERENCE)).order_by(_D.id)
+    select(*_DEVICE_COLUMNS)
+    .where(_D.project_id == _PROJECT, or_(_D.key == _REFERENCE, _D.name == _REFERENCE))
+    .order_by(_D.id)
 )
 _PROFILES = profile_statement().where(_P.workload_id.in_(_IDS))
 _PROFILES_ON_DEVICE = _PROFILES.where(_P.device_id == bindparam("device_id"))
@@ -185,25 +194,26 @@ _OOM_REPORTS = select(
 
 
 class SqlEvidence:
-    """:class:`tuner.answer.Evidence` over an ORM session, in its transaction. The reads
-    select columns, not entities, so they run on the session's connection (SQLAlchemy
-    Core): no identity map to fill for rows that are only read."""
+    """:class:`tuner.answer.Evidence` of one project over an ORM session, in its
+    transaction. The reads select columns, not entities, so they run on the session's
+    connection (SQLAlchemy Core): no identity map to fill for rows that are only read."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, project_id: int) -> None:
         self.session = session
+        self.project_id = project_id
         self._connection = session.connection()
 
     def workloads(self, reference: str) -> Sequence[WorkloadRow]:
-        found = self._connection.execute(_WORKLOADS, {"reference": reference})
-        return [workload_row(row) for row in found]
+        asked = {"reference": reference, "project": self.project_id}
+        return [workload_row(row) for row in self._connection.execute(_WORKLOADS, asked)]
 
     def family(self, family: str) -> Sequence[WorkloadRow]:
-        found = self._connection.execute(_FAMILY, {"reference": family})
-        return [workload_row(row) for row in found]
+        asked = {"reference": family, "project": self.project_id}
+        return [workload_row(row) for row in self._connection.execute(_FAMILY, asked)]
 
     def devices(self, reference: str) -> Sequence[DeviceRow]:
-        found = self._connection.execute(_DEVICES, {"reference": reference})
-        return [device_row(row) for row in found]
+        asked = {"reference": reference, "project": self.project_id}
+        return [device_row(row) for row in self._connection.execute(_DEVICES, asked)]
 
     def profiles(
         self, workload_ids: Collection[int], *, device_id: int | None = None

@@ -53,9 +53,10 @@ def _when(moment: datetime | None) -> str:
 def register_worker(
     session: Session, body: WorkerCreate, caller: Principal
 ) -> tuple[models.Worker, bool]:
-    """A new worker on the device ``body`` describes (the device is created if new), bound
-    to the token that registers it; says whether it is new. A registration this token sent
-    before under the same idempotency key is that worker (:mod:`api.store.idempotency`)."""
+    """A new worker of the caller's project on the device ``body`` describes (the project's
+    device, created if new), bound to the token that registers it; says whether it is
+    new. A registration this token sent before under the same idempotency key is that
+    worker (:mod:`api.store.idempotency`)."""
     key, digest = body.idempotency_key, request_digest(body)
 
     def replay() -> models.Worker | None:
@@ -68,8 +69,15 @@ def register_worker(
     existing = replay()
     if existing is not None:
         return existing, False
-    device = upsert_device(session, body.device_key, body.device, registered_by=caller.token_id)
+    device = upsert_device(
+        session,
+        body.device_key,
+        body.device,
+        project_id=caller.project,
+        registered_by=caller.token_id,
+    )
     worker = models.Worker(
+        project_id=caller.project,
         name=body.name,
         device=device,
         token_id=caller.token_id,
@@ -79,21 +87,23 @@ def register_worker(
     return insert_once(session, worker, key=key, replay=replay)
 
 
-def get_worker(session: Session, worker_id: int) -> models.Worker:
+def get_worker(session: Session, worker_id: int, *, project_id: int) -> models.Worker:
     return get_or_404(
         session,
         models.Worker,
         worker_id,
         missing=f"no worker with id {{id}}: register again with POST {API_PREFIX}/workers",
+        project_id=project_id,
     )
 
 
-def list_workers(session: Session) -> list[models.Worker]:
-    return list(session.scalars(select(models.Worker).order_by(models.Worker.id)))
+def list_workers(session: Session, *, project_id: int) -> list[models.Worker]:
+    of_project = select(models.Worker).where(models.Worker.project_id == project_id)
+    return list(session.scalars(of_project.order_by(models.Worker.id)))
 
 
 def touch_worker(session: Session, worker_id: int, caller: Principal) -> models.Worker:
-    worker = get_worker(session, worker_id)
+    worker = get_worker(session, worker_id, project_id=caller.project)
     check_acts_for(worker, caller)
     worker.last_heartbeat_at = models.utcnow()
     return worker
@@ -113,10 +123,16 @@ def check_acts_for(worker: models.Worker, caller: Principal) -> None:
 
 
 def create_job(
-    session: Session, body: JobCreate, *, max_attempts: int, token_id: int | None
+    session: Session,
+    body: JobCreate,
+    *,
+    max_attempts: int,
+    token_id: int | None,
+    project_id: int,
 ) -> tuple[models.Job, bool]:
-    """Queue the job ``body`` asks for; says whether it is new. What it measures is
-    registered in the name of the token that queued it (:mod:`tuner.answer.identity`), not the
+    """Queue the job ``body`` asks for in the project; says whether it is new. Only the
+    project's workers take it, and what it measures is stored in the project, registered
+    in the name of the token that queued it (:mod:`tuner.answer.identity`), not the
     worker's. A job this token queued
     before under the same idempotency key is that job (:mod:`api.store.idempotency`)."""
     key, digest = body.idempotency_key, request_digest(body)
@@ -131,6 +147,7 @@ def create_job(
         return existing, False
     now = models.utcnow()
     job = models.Job(
+        project_id=project_id,
         target=body.target,
         options=dict(body.options),
         settings=body.settings.model_dump(mode="json"),
@@ -150,13 +167,16 @@ def create_job(
 _NO_JOB = f"no job with id {{id}}; GET {API_PREFIX}/jobs lists them"
 
 
-def get_job(session: Session, job_id: int) -> models.Job:
-    return get_or_404(session, models.Job, job_id, missing=_NO_JOB)
+def get_job(session: Session, job_id: int, *, project_id: int) -> models.Job:
+    return get_or_404(session, models.Job, job_id, missing=_NO_JOB, project_id=project_id)
 
 
-def list_jobs(session: Session, query: JobQuery) -> tuple[list[models.Job], int, str | None]:
-    """Newest first: one page of jobs, the count of all that match, and the next token."""
-    where = []
+def list_jobs(
+    session: Session, query: JobQuery, *, project_id: int
+) -> tuple[list[models.Job], int, str | None]:
+    """Newest first: one page of the project's jobs, the count of all that match, and the
+    next token."""
+    where = [models.Job.project_id == project_id]
     if query.status is not None:
         where.append(models.Job.status == query.status)
     if query.device is not None:
@@ -228,7 +248,11 @@ def claim_job(
         addresses.append(worker.device.name)
     candidates = session.scalars(
         select(models.Job)
-        .where(models.Job.status == "queued", models.Job.device.in_(addresses))
+        .where(
+            models.Job.project_id == worker.project_id,
+            models.Job.status == "queued",
+            models.Job.device.in_(addresses),
+        )
         .order_by(models.Job.created_at, models.Job.id)
         .limit(_CLAIM_WINDOW)
         .with_for_update(skip_locked=True)
@@ -265,7 +289,7 @@ def _name_means(session: Session, device: models.Device) -> bool:
     named = session.execute(
         select(
             models.Device.id, models.Device.key, models.Device.name, models.Device.registered_by
-        ).where(models.Device.name == device.name)
+        ).where(models.Device.project_id == device.project_id, models.Device.name == device.name)
     ).all()
     return any(row.id == device.id for row in owned(named, device.name))
 
@@ -279,7 +303,9 @@ def job_ranks(job: models.Job) -> int:
 def _held(session: Session, job_id: int, lease_id: str, caller: Principal) -> models.Job:
     """The job, its row locked, if ``lease_id`` is its current and unexpired lease and
     ``caller`` acts for the worker that holds it."""
-    job = get_or_404(session, models.Job, job_id, missing=_NO_JOB, lock=True)
+    job = get_or_404(
+        session, models.Job, job_id, missing=_NO_JOB, lock=True, project_id=caller.project
+    )
     holder = session.get(models.Worker, job.worker_id) if job.worker_id is not None else None
     if holder is not None:
         check_acts_for(holder, caller)
@@ -328,7 +354,7 @@ def complete_job(
         )
     # Registered by whoever queued the job (jobs queued before 0011: the worker's token).
     registrant = job.token_id if job.token_id is not None else caller.token_id
-    row = add_profile(session, profile, registered_by=registrant)
+    row = add_profile(session, profile, project_id=job.project_id, registered_by=registrant)
     _finish(job, "succeeded", models.utcnow(), error=None)
     job.profile_id = row.id
     session.flush()

@@ -27,7 +27,7 @@ def smallest_limit(oom: type[models.OomReport]) -> Any:
 
 
 def add_oom_report(
-    session: Session, body: OomReportCreate, *, token_id: int | None
+    session: Session, body: OomReportCreate, *, token_id: int | None, project_id: int
 ) -> tuple[OomReportPublic, bool]:
     """Record an OOM seen in training; it holds until a newer profile of the pair exists.
     Says whether the report is new.
@@ -37,7 +37,7 @@ def add_oom_report(
     a report that differs in anything, its message included, is refused
     (:mod:`api.store.idempotency`).
     """
-    workload, device = _attached_to(session, body)
+    workload, device = _attached_to(session, body, project_id)
     key, digest = body.idempotency_key, request_digest(body)
 
     def replay() -> models.OomReport | None:
@@ -51,6 +51,7 @@ def add_oom_report(
     if existing is not None:
         return _public(existing, workload, device), False
     row = models.OomReport(
+        project_id=project_id,
         workload_id=workload.id,
         device_id=device.id,
         micro_batch_size=body.micro_batch_size,
@@ -68,15 +69,17 @@ def add_oom_report(
     return _public(row, workload, device), created
 
 
-def _attached_to(session: Session, body: OomReportCreate) -> tuple[models.Workload, models.Device]:
-    """The workload and device the report caps. With the profile its plan came from, that
-    profile's workload (the row the plan was read from, not whatever the name means now),
-    which ``workload`` must name; the device is the one named (an answer estimated from
-    another device's profile ran out of memory on this one)."""
-    device = find_device(session, body.device)
+def _attached_to(
+    session: Session, body: OomReportCreate, project_id: int
+) -> tuple[models.Workload, models.Device]:
+    """The project's workload and device the report caps. With the profile its plan came
+    from, that profile's workload (the row the plan was read from, not whatever the name
+    means now), which ``workload`` must name; the device is the one named (an answer
+    estimated from another device's profile ran out of memory on this one)."""
+    device = find_device(session, body.device, project_id=project_id)
     if body.profile_id is None:
-        return find_workload(session, body.workload), device
-    workload = get_profile(session, body.profile_id).workload
+        return find_workload(session, body.workload, project_id=project_id), device
+    workload = get_profile(session, body.profile_id, project_id=project_id).workload
     if body.workload not in (workload.key, workload.name):
         raise BadInputError(
             f"profile {body.profile_id} is of workload {workload.name!r} ({workload.key}), "

@@ -19,12 +19,13 @@ from api import models
 from api.store.evidence import SqlEvidence
 from api.store.generation import mark_changed
 from api.store.paging import keyset_page
+from api.store.projects import in_project
 from api.store.rows import get_or_404
 from api.store.variants import check_one_chosen, variant_columns, variant_fields
 from tuner.answer import current, identity
 from tuner.answer.evidence import ProfileRow, workload_info
 from tuner.core import results
-from tuner.core.errors import ConflictError
+from tuner.core.errors import ConflictError, NotFoundError
 from tuner.core.parallel import Parallel
 from tuner.core.wire.common import API_PREFIX, PageQuery
 from tuner.core.wire.devices import DeviceCreate
@@ -40,29 +41,35 @@ def _get_or_insert(
     key: str,
     values: dict[str, Any],
     registered_by: int | None,
+    project_id: int,
 ) -> Keyed:
-    """The row with ``key``, inserted with ``values`` first if missing, registered by the
-    token ``registered_by`` (whose name it then bears, :mod:`tuner.answer.identity`).
+    """The row of project ``project_id`` with ``key``, inserted with ``values`` first if
+    missing, registered by the token ``registered_by`` (whose name it then bears,
+    :mod:`tuner.answer.identity`). Another project's row of the same key is not this one.
 
-    ``INSERT ... ON CONFLICT (key) DO NOTHING``: a concurrent first insert of the same key
-    makes this a no-op (PostgreSQL waits for it to commit) instead of an integrity error.
+    ``INSERT ... ON CONFLICT (project_id, key) DO NOTHING``: a concurrent first insert of
+    the same key makes this a no-op (PostgreSQL waits for it to commit) instead of an
+    integrity error.
     """
-    by_key = select(table).where(table.key == key)
+    by_key = select(table).where(table.project_id == project_id, table.key == key)
     row = session.scalar(by_key)
     if row is not None:
         return row
     family = values.get("length_family")
-    check_identity(session, table, key=key, name=values["name"], family=family)
+    check_identity(
+        session, table, key=key, name=values["name"], family=family, project_id=project_id
+    )
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     values = {
         "key": key,
+        "project_id": project_id,
         "created_at": models.utcnow(),
         "registered_by": registered_by,
         **values,
     }
     result = session.execute(
-        insert(table).values(**values).on_conflict_do_nothing(index_elements=["key"])
+        insert(table).values(**values).on_conflict_do_nothing(index_elements=["project_id", "key"])
     )
     if result.rowcount:  # type: ignore[attr-defined]
         mark_changed(session)  # a new name to resolve, a new device to estimate for
@@ -74,13 +81,14 @@ def check_identity(
     table: type[models.Workload] | type[models.Device],
     *,
     key: str,
+    project_id: int,
     name: str | None = None,
     family: str | None = None,
 ) -> None:
-    """Refuse a new key, name or length-family key that another row already bears in
-    another role: a reference means a key, else a name, else a family
+    """Refuse a new key, name or length-family key that another row of the project already
+    bears in another role: a reference means a key, else a name, else a family
     (:mod:`tuner.answer.identity`), so one written in another's role could take over what
-    that reference answers."""
+    that reference answers. Other projects' rows answer other projects' questions only."""
     what = "workload" if table is models.Workload else "device"
     clashes: list[tuple[str, Any]] = [
         (
@@ -105,7 +113,8 @@ def check_identity(
                 )
             )
     for message, condition in clashes:
-        if session.scalar(select(table.id).where(condition).limit(1)) is not None:
+        found = select(table.id).where(table.project_id == project_id, condition).limit(1)
+        if session.scalar(found) is not None:
             raise ConflictError(
                 f"{message}: keys, names and length families must not be confused; "
                 "rename it (a key comes from `tuner profile`)"
@@ -113,17 +122,22 @@ def check_identity(
 
 
 def upsert_device(
-    session: Session, key: str, info: results.DeviceInfo, *, registered_by: int | None = None
+    session: Session,
+    key: str,
+    info: results.DeviceInfo,
+    *,
+    project_id: int,
+    registered_by: int | None = None,
 ) -> models.Device:
-    """The device with ``key``, created from ``info`` by the token ``registered_by`` if new
-    (a key names its properties)."""
+    """The project's device with ``key``, created from ``info`` by the token
+    ``registered_by`` if new (a key names its properties)."""
     values = {
         "kind": info.kind,
         "name": info.name,
         "capacity_bytes": info.capacity_bytes,
         "details": dict(info.details),
     }
-    return _get_or_insert(session, models.Device, key, values, registered_by)
+    return _get_or_insert(session, models.Device, key, values, registered_by, project_id)
 
 
 def upsert_workload(
@@ -131,11 +145,12 @@ def upsert_workload(
     key: str,
     info: results.WorkloadInfo,
     *,
+    project_id: int,
     parallel_mode: str = "none",
     registered_by: int | None = None,
 ) -> models.Workload:
-    """The workload with ``key``, created from ``info`` by the token ``registered_by`` if new
-    (``parallel_mode`` is part of the key, so a key has one mode)."""
+    """The project's workload with ``key``, created from ``info`` by the token
+    ``registered_by`` if new (``parallel_mode`` is part of the key, so a key has one mode)."""
     values = {
         "parallel_mode": parallel_mode,
         "name": info.name,
@@ -147,9 +162,11 @@ def upsert_workload(
         "seq_len": info.seq_len,
         "length_family": info.length_family,
     }
-    workload = _get_or_insert(session, models.Workload, key, values, registered_by)
+    workload = _get_or_insert(session, models.Workload, key, values, registered_by, project_id)
     if workload.length_family is None and info.length_family is not None:
-        check_identity(session, models.Workload, key=key, family=info.length_family)
+        check_identity(
+            session, models.Workload, key=key, family=info.length_family, project_id=project_id
+        )
         # Profiled at this length alone before, now as one length of a family: the same
         # key (the same shapes), which joins the family from here on.
         workload.length_family = info.length_family
@@ -159,11 +176,17 @@ def upsert_workload(
 
 
 def create_device(
-    session: Session, body: DeviceCreate, *, registered_by: int | None = None
+    session: Session, body: DeviceCreate, *, project_id: int, registered_by: int | None = None
 ) -> tuple[models.Device, bool]:
     """Register a device; the same registration again is answered with the stored one."""
-    existing = session.scalar(select(models.Device).where(models.Device.key == body.key))
-    device = upsert_device(session, body.key, body, registered_by=registered_by)
+    existing = session.scalar(
+        select(models.Device).where(
+            models.Device.project_id == project_id, models.Device.key == body.key
+        )
+    )
+    device = upsert_device(
+        session, body.key, body, project_id=project_id, registered_by=registered_by
+    )
     if existing is not None and (device.kind, device.name, device.capacity_bytes) != (
         body.kind,
         body.name,
@@ -178,11 +201,17 @@ def create_device(
 
 
 def create_workload(
-    session: Session, body: WorkloadCreate, *, registered_by: int | None = None
+    session: Session, body: WorkloadCreate, *, project_id: int, registered_by: int | None = None
 ) -> tuple[models.Workload, bool]:
     """Register a workload; the same registration again is answered with the stored one."""
-    existing = session.scalar(select(models.Workload).where(models.Workload.key == body.key))
-    workload = upsert_workload(session, body.key, body, registered_by=registered_by)
+    existing = session.scalar(
+        select(models.Workload).where(
+            models.Workload.project_id == project_id, models.Workload.key == body.key
+        )
+    )
+    workload = upsert_workload(
+        session, body.key, body, project_id=project_id, registered_by=registered_by
+    )
     stored = (workload.name, workload.precision, workload.activation_checkpointing)
     if existing is not None and stored != (
         body.name,
@@ -197,28 +226,35 @@ def create_workload(
     return workload, existing is None
 
 
-def get_device(session: Session, device_id: int) -> models.Device:
+def get_device(session: Session, device_id: int, *, project_id: int) -> models.Device:
     return get_or_404(
         session,
         models.Device,
         device_id,
         missing=f"no device with id {{id}}: GET {API_PREFIX}/devices lists them",
+        project_id=project_id,
     )
 
 
-def get_workload(session: Session, workload_id: int) -> models.Workload:
+def get_workload(session: Session, workload_id: int, *, project_id: int) -> models.Workload:
     return get_or_404(
         session,
         models.Workload,
         workload_id,
         missing=f"no workload with id {{id}}: GET {API_PREFIX}/workloads lists them",
+        project_id=project_id,
     )
 
 
 def list_devices(
-    session: Session, query: PageQuery, *, kind: str | None = None, name: str | None = None
+    session: Session,
+    query: PageQuery,
+    *,
+    project_id: int,
+    kind: str | None = None,
+    name: str | None = None,
 ) -> tuple[list[models.Device], int, str | None]:
-    where: list[ColumnElement[bool]] = []
+    where: list[ColumnElement[bool]] = [models.Device.project_id == project_id]
     if kind is not None:
         where.append(models.Device.kind == kind)
     if name is not None:
@@ -234,9 +270,11 @@ def list_devices(
 
 
 def list_workloads(
-    session: Session, query: PageQuery, *, name: str | None = None
+    session: Session, query: PageQuery, *, project_id: int, name: str | None = None
 ) -> tuple[list[models.Workload], int, str | None]:
-    where = [models.Workload.name == name] if name is not None else []
+    where = [models.Workload.project_id == project_id]
+    if name is not None:
+        where.append(models.Workload.name == name)
     return keyset_page(
         session,
         models.Workload,
@@ -247,18 +285,24 @@ def list_workloads(
     )
 
 
-def find_device(session: Session, reference: str) -> models.Device:
-    """The device ``reference`` names (:mod:`tuner.answer.identity`)."""
-    chosen = identity.choose_device(SqlEvidence(session).devices(reference), reference)
+def find_device(session: Session, reference: str, *, project_id: int) -> models.Device:
+    """The project's device ``reference`` names (:mod:`tuner.answer.identity`)."""
+    evidence = SqlEvidence(session, project_id)
+    chosen = identity.choose_device(evidence.devices(reference), reference)
     return session.get_one(models.Device, chosen.id)
 
 
 def find_workload(
-    session: Session, reference: str, *, mode: str | None = None, seq_len: int | None = None
+    session: Session,
+    reference: str,
+    *,
+    project_id: int,
+    mode: str | None = None,
+    seq_len: int | None = None,
 ) -> models.Workload:
-    """The workload ``reference`` names for a question of ``mode`` and ``seq_len``
-    (:mod:`tuner.answer.identity`)."""
-    evidence = SqlEvidence(session)
+    """The project's workload ``reference`` names for a question of ``mode`` and
+    ``seq_len`` (:mod:`tuner.answer.identity`)."""
+    evidence = SqlEvidence(session, project_id)
     rows = evidence.workloads(reference)
     profiles = evidence.profiles([row.id for row in identity.owned(rows, reference)])
 
@@ -278,15 +322,25 @@ def find_workload(
 
 
 def add_profile(
-    session: Session, profile: results.Profile, *, registered_by: int | None = None
+    session: Session,
+    profile: results.Profile,
+    *,
+    project_id: int,
+    registered_by: int | None = None,
 ) -> models.Profile:
     """Store ``profile`` with its probes; older profiles of the pair stay as history."""
-    row, _created = save_profile(session, profile, registered_by=registered_by)
+    row, _created = save_profile(
+        session, profile, project_id=project_id, registered_by=registered_by
+    )
     return row
 
 
 def save_profile(
-    session: Session, profile: results.Profile, *, registered_by: int | None = None
+    session: Session,
+    profile: results.Profile,
+    *,
+    project_id: int,
+    registered_by: int | None = None,
 ) -> tuple[models.Profile, bool]:
     """Store ``profile`` unless this very profile is stored already; say which happened.
     A new workload or device is registered by the token ``registered_by``.
@@ -295,18 +349,25 @@ def save_profile(
     measured): the same document again returns the stored row, a different one with the
     same three is refused, since history is never rewritten.
     """
-    device = upsert_device(session, profile.device_key, profile.device, registered_by=registered_by)
+    device = upsert_device(
+        session,
+        profile.device_key,
+        profile.device,
+        project_id=project_id,
+        registered_by=registered_by,
+    )
     workload = upsert_workload(
         session,
         profile.workload_key,
         profile.workload,
+        project_id=project_id,
         parallel_mode=profile.parallel.mode,
         registered_by=registered_by,
     )
     existing = _same_profile(session, workload.id, device.id, profile)
     if existing is not None:
         return _check_identical(existing, profile), False
-    check_one_chosen(session, profile)
+    check_one_chosen(session, profile, project_id=project_id)
     row = _profile_row(profile, workload, device)
     try:
         # A savepoint, so that losing a race to an identical upload (PostgreSQL waits for
@@ -511,10 +572,11 @@ def _matching(
     column: InstrumentedAttribute[int],
     model: type[models.Workload] | type[models.Device],
     reference: str,
+    project_id: int,
 ) -> ColumnElement[bool]:
-    """``column`` names a row that ``reference`` may name: its key, or a name among its
-    owner's rows (:mod:`tuner.answer.identity`)."""
-    evidence = SqlEvidence(session)
+    """``column`` names a row of the project that ``reference`` may name: its key, or a
+    name among its owner's rows (:mod:`tuner.answer.identity`)."""
+    evidence = SqlEvidence(session, project_id)
     rows = (
         evidence.workloads(reference) if model is models.Workload else evidence.devices(reference)
     )
@@ -522,29 +584,32 @@ def _matching(
     return column == ids[0] if len(ids) == 1 else column.in_(ids)
 
 
-def get_profile(session: Session, profile_id: int) -> models.Profile:
-    return get_or_404(
-        session,
-        models.Profile,
-        profile_id,
-        missing=f"no profile with id {{id}}: GET {API_PREFIX}/profiles lists them",
-    )
+def get_profile(session: Session, profile_id: int, *, project_id: int) -> models.Profile:
+    missing = f"no profile with id {{id}}: GET {API_PREFIX}/profiles lists them"
+    row = get_or_404(session, models.Profile, profile_id, missing=missing)
+    if row.workload.project_id != project_id:  # another project's: as if there were none
+        raise NotFoundError(missing.format(id=profile_id))
+    return row
 
 
 def list_profiles(
-    session: Session, query: ProfileQuery
+    session: Session, query: ProfileQuery, *, project_id: int
 ) -> tuple[list[models.Profile], int, str | None]:
-    """Profiles matching the filters, newest first, without their probes."""
-    where: list[ColumnElement[bool]] = []
+    """The project's profiles matching the filters, newest first, without their probes."""
+    where: list[ColumnElement[bool]] = [in_project(project_id)]
     # References are resolved first: one id (the usual case) is an equality, which lets the
     # (workload_id | device_id, received_at, id) index deliver rows already in page order.
     # Newest is received last, by the service's clock (the machine's can be off).
     if query.workload is not None:
         where.append(
-            _matching(session, models.Profile.workload_id, models.Workload, query.workload)
+            _matching(
+                session, models.Profile.workload_id, models.Workload, query.workload, project_id
+            )
         )
     if query.device is not None:
-        where.append(_matching(session, models.Profile.device_id, models.Device, query.device))
+        where.append(
+            _matching(session, models.Profile.device_id, models.Device, query.device, project_id)
+        )
     if query.created_after is not None:
         where.append(models.Profile.created_at > query.created_after)
     if query.created_before is not None:

@@ -6,21 +6,38 @@ from __future__ import annotations
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from api.models import ApiToken, utcnow
-from api.security import Principal, digest, expand_scopes, new_token, presented_digest, principal_of
+from api.models import DEFAULT_PROJECT, ApiToken, utcnow
+from api.security import (
+    Principal,
+    digest,
+    expand_scopes,
+    new_token,
+    presented_digest,
+    principal_of,
+)
 from api.store.generation import mark_changed
+from api.store.projects import ensure_project
 from api.store.rows import get_or_404
+from tuner.core.errors import BadInputError
 
 
-def create_token(session: Session, *, name: str, scopes: list[str]) -> tuple[ApiToken, str]:
-    """Store a new token and return it with its plain text, which is never stored."""
-    expand_scopes(scopes)
+def create_token(
+    session: Session, *, name: str, scopes: list[str], project: str | None = DEFAULT_PROJECT
+) -> tuple[ApiToken, str]:
+    """Store a new token of ``project`` (created if new; None: every project, for an
+    admin token only) and return it with its plain text, which is never stored."""
+    granted = expand_scopes(scopes)
+    if project is None and "admin" not in granted:
+        raise BadInputError(
+            "only an admin token may span every project: give this one --project NAME"
+        )
     plain, prefix = new_token()
     row = ApiToken(
         name=name,
         prefix=prefix,
         digest=digest(plain),
         scopes=",".join(sorted(set(scopes))),
+        project_id=None if project is None else ensure_project(session, project).id,
     )
     session.add(row)
     session.flush()

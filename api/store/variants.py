@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api import models
+from api.store.projects import in_project
 from tuner.core import results
 from tuner.core.errors import ConflictError
 from tuner.core.wire.variants import VariantPublic, VariantsPublic
@@ -32,13 +33,15 @@ def variant_fields(row: models.Profile) -> dict[str, Any]:
     }
 
 
-def check_one_chosen(session: Session, profile: results.Profile) -> None:
-    """Refuse a second chosen variant in one exploration: it chose one (a retry of the
-    same profile is recognised before this is asked)."""
+def check_one_chosen(session: Session, profile: results.Profile, *, project_id: int) -> None:
+    """Refuse a second chosen variant in one exploration of the project: it chose one (a
+    retry of the same profile is recognised before this is asked). Another project's
+    exploration of the same group key is its own."""
     if not profile.variant_chosen or profile.variant_group is None:
         return
     chosen = session.scalar(
         select(models.Profile.id).where(
+            in_project(project_id),
             models.Profile.variant_group == profile.variant_group,
             models.Profile.variant_chosen.is_(True),
         )
@@ -52,14 +55,17 @@ def check_one_chosen(session: Session, profile: results.Profile) -> None:
 
 
 def variants_of(session: Session, row: models.Profile) -> VariantsPublic:
-    """Every profile of ``row``'s exploration, oldest first (the variant as loaded leads);
-    only ``row`` itself when it was not explored."""
+    """Every profile of ``row``'s exploration in its project, oldest first (the variant as
+    loaded leads); only ``row`` itself when it was not explored."""
     rows = [row]
     if row.variant_group is not None:
         rows = list(
             session.scalars(
                 select(models.Profile)
-                .where(models.Profile.variant_group == row.variant_group)
+                .where(
+                    in_project(row.workload.project_id),
+                    models.Profile.variant_group == row.variant_group,
+                )
                 .order_by(models.Profile.received_at, models.Profile.id)
             )
         )

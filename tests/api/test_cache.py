@@ -45,18 +45,18 @@ def test_a_profile_stored_elsewhere_changes_the_next_answer(
     http: httpx.Client, database: Database
 ) -> None:
     with database.session(write=True) as session:
-        add_profile(session, sample_profile(max_micro_batch_size=8))
+        add_profile(session, sample_profile(max_micro_batch_size=8), project_id=1)
     first = http.get("/api/v1/recommendation", params=QUESTION).json()
     again = http.get("/api/v1/recommendation", params=QUESTION).json()
     assert first["micro_batch_size"] == again["micro_batch_size"] == 8
     with database.session(write=True) as session:
-        add_profile(session, sample_profile(max_micro_batch_size=16))
+        add_profile(session, sample_profile(max_micro_batch_size=16), project_id=1)
     assert http.get("/api/v1/recommendation", params=QUESTION).json()["micro_batch_size"] == 16
 
 
 def test_an_oom_report_lowers_the_cached_answer_at_once(http: httpx.Client, database) -> None:
     with database.session(write=True) as session:
-        add_profile(session, sample_profile(max_micro_batch_size=16))
+        add_profile(session, sample_profile(max_micro_batch_size=16), project_id=1)
     assert http.get("/api/v1/recommendation", params=QUESTION).json()["micro_batch_size"] == 16
     report = {
         "workload": QUESTION["workload"],
@@ -98,7 +98,7 @@ def test_one_question_spelled_two_ways_gets_one_answer_whose_age_moves(
     http: httpx.Client, database: Database
 ) -> None:
     with database.session(write=True) as session:
-        add_profile(session, sample_profile(max_micro_batch_size=8))
+        add_profile(session, sample_profile(max_micro_batch_size=8), project_id=1)
     url = "/api/v1/recommendation"
     first = http.get(f"{url}?workload={'w' * 24}&device={'d' * 24}&global_batch_size=64").json()
     time.sleep(0.05)
@@ -141,7 +141,7 @@ def test_after_a_write_concurrent_requests_check_their_token_once(
 def test_a_cached_answer_still_needs_a_valid_token(service, database: Database) -> None:
     """A token check is cached; a revoked token is refused all the same."""
     with database.session(write=True) as session:
-        add_profile(session, sample_profile(max_micro_batch_size=8))
+        add_profile(session, sample_profile(max_micro_batch_size=8), project_id=1)
     reader = make_token(database, "read", name="reader")
     url = service.url + "/api/v1/recommendation"
 

@@ -29,7 +29,7 @@ def fuzzed_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S
     from api.store.profiles import add_profile
 
     with database.session(write=True) as session:
-        add_profile(session, sample_profile())
+        add_profile(session, sample_profile(), project_id=1)
     database.dispose()
     with ServerThread(create_app(ServiceSettings(database_url=url))) as server:
         yield server, token

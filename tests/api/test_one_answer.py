@@ -55,8 +55,8 @@ def test_free_at_m_star_is_one_figure_on_every_surface(
     free = profile.device.capacity_bytes - at_max.footprint_bytes
 
     with database.session() as session:
-        listed = queries.list_profiles(session, queries.ListQuery())
-        detail = queries.profile_detail(session, stored["id"])
+        listed = queries.list_profiles(session, queries.ListQuery(), project_id=1)
+        detail = queries.profile_detail(session, stored["id"], project_id=1)
     [row] = listed.rows
     assert row.free_bytes == free
     assert detail.at_max is not None

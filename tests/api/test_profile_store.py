@@ -14,7 +14,7 @@ from tests.api.documents import sample_profile
 def test_profile_round_trips_exactly(database: Database) -> None:
     profile = sample_profile()
     with database.session(write=True) as session:
-        profile_id = add_profile(session, profile).id
+        profile_id = add_profile(session, profile, project_id=1).id
     with database.session() as session:
         stored = to_result(session.get_one(models.Profile, profile_id))
     assert stored == profile
@@ -28,7 +28,7 @@ def test_a_failing_write_leaves_nothing_behind(database: Database) -> None:
 
     def write_then_fail() -> None:
         with database.session(write=True) as session:
-            add_profile(session, profile)
+            add_profile(session, profile, project_id=1)
             raise Interrupted
 
     with pytest.raises(Interrupted):
@@ -40,8 +40,8 @@ def test_a_failing_write_leaves_nothing_behind(database: Database) -> None:
 
 def test_history_is_kept_and_devices_are_shared(database: Database) -> None:
     with database.session(write=True) as session:
-        add_profile(session, sample_profile(max_micro_batch_size=8))
-        add_profile(session, sample_profile(max_micro_batch_size=9))
+        add_profile(session, sample_profile(max_micro_batch_size=8), project_id=1)
+        add_profile(session, sample_profile(max_micro_batch_size=9), project_id=1)
     with database.session() as session:
         assert session.scalar(select(func.count()).select_from(models.Profile)) == 2
         assert session.scalar(select(func.count()).select_from(models.Device)) == 1

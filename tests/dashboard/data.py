@@ -28,7 +28,7 @@ T0 = datetime(2026, 11, 1, tzinfo=UTC)
 def store(database: Database, profiles: Iterable[Profile]) -> list[int]:
     """Store the profiles in one transaction; their ids, in order."""
     with database.session(write=True) as session:
-        return [add_profile(session, profile).id for profile in profiles]
+        return [add_profile(session, profile, project_id=1).id for profile in profiles]
 
 
 def fleet(count: int, *, workloads: int = 10, devices: int = 5) -> list[Profile]:

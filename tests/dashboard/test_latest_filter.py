@@ -51,9 +51,11 @@ def test_latest_only_keeps_what_the_answer_calls_current(database: Database, his
         profiles.append(base.model_copy(update={"world_size": world, "parallel": parallel}))
     store(database, profiles)
     with database.session() as session:
-        listed = queries.list_profiles(session, queries.ListQuery(latest_only=True, size=200))
-        everything = queries.list_profiles(session, queries.ListQuery(size=200))
-        heads = SqlEvidence(session).profiles({row.workload_id for row in everything.rows})
+        listed = queries.list_profiles(
+            session, queries.ListQuery(latest_only=True, size=200), project_id=1
+        )
+        everything = queries.list_profiles(session, queries.ListQuery(size=200), project_id=1)
+        heads = SqlEvidence(session, 1).profiles({row.workload_id for row in everything.rows})
     kept = {row.id for row in heads if not current.superseded(row, heads)}
     assert {row.id for row in listed.rows} == kept
     assert listed.count == len(kept)

@@ -212,7 +212,7 @@ def test_a_family_registered_but_never_profiled_in_one_process_says_so(
     tab: Tab, database: Database, reader: str, by_length: dict[int, Profile]
 ) -> None:
     with database.session(write=True) as session:
-        upsert_workload(session, by_length[16].workload_key, by_length[16].workload)
+        upsert_workload(session, by_length[16].workload_key, by_length[16].workload, project_id=1)
     page = signed_in(tab, reader).open(f"/families/{FAMILY}")
     assert "none has a profile at world size 1" in page.locator("#family-empty").inner_text()
     assert page.locator("[data-estimate-chart]").count() == 0
