@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from api import service
+from api.db import Database
 from api.deps import DatabaseDep, ReadAccess
 from tuner.core.errors import BadInputError
 from tuner.core.wire.recommendation import (
@@ -24,12 +25,19 @@ router = APIRouter(prefix="/recommendation", tags=["recommendation"])
 
 
 @router.get("", response_model=RecommendationPublic)
-def get_recommendation(
-    query: Annotated[RecommendationParams, Query()], _: ReadAccess, db: DatabaseDep
+async def get_recommendation(
+    request: Request,
+    query: Annotated[RecommendationParams, Query()],
+    _: ReadAccess,
+    db: DatabaseDep,
 ) -> Response:
     """Settings for a global batch on a device: measured, or estimated from another device."""
-    # A plain `def`: FastAPI runs it in its threadpool, so no answer is computed on the
-    # event loop that answers /healthz.
+    # Never on the event loop that answers /healthz, and a few answers at a time.
+    return await service.in_answer_thread(request, respond, db, query)
+
+
+def respond(db: Database, query: RecommendationParams) -> Response:
+    """The answer to ``query`` as the response body, its split as ``query.split`` asks."""
     answer = service.recommend(db, query)
     if query.split == "flat":
         return Response(json.dumps(flat_body(answer)), media_type="application/json")
