@@ -1,7 +1,7 @@
-"""Answers kept in the process, each under the store generation it was computed at.
+"""Token checks kept in the process, each under the store generation it was made at.
 
 An entry is returned only while the store's generation is still the one it was stored
-with, so a cached answer is never older than the last write, from any process.
+with, so a cached check is never older than the last write, from any process.
 """
 
 from __future__ import annotations
@@ -18,12 +18,19 @@ V = TypeVar("V")
 class GenerationCache(Generic[V]):
     """A bounded least-recently-used map whose entries expire with the generation.
 
+    Bounded in entries, and so in bytes, because of what it holds: the service keeps the
+    principal of each token the store authenticated (``api.deps``), keyed by the token's
+    SHA-256 digest (64 characters, whatever the request sent). A token the store refuses
+    adds nothing, and the principal's name and scopes come from the store's columns
+    (``String(200)``, ``String(100)``), not from the request: at most one entry per stored
+    token, each under 1 KiB, so at most ``max_entries`` × 1 KiB (about 10 MiB). Do not
+    keep answers or anything else a request can size in it: they would need a bound in
+    bytes.
+
     Used from the event loop only (routes put after their threadpool work returns), so it
     needs no lock.
     """
 
-    # About 1.7 KiB an answer: 10,000 keep a fleet's questions many times over in ~17 MiB
-    # (bench/service_memory.py measures the plateau).
     def __init__(self, max_entries: int = 10_000) -> None:
         self.max_entries = max_entries
         self._entries: OrderedDict[Hashable, tuple[int, V]] = OrderedDict()

@@ -26,6 +26,7 @@ from api.routes import (
     workers,
     workloads,
 )
+from api.service import answer_slots
 from api.store.generation import DirectReader
 from tuner.core import __version__
 from tuner.core.wire.common import API_PREFIX
@@ -63,6 +64,7 @@ def create_app(settings: ServiceSettings | None = None, *, prepare: bool = True)
     app.state.project_ids = {}
     app.state.write_limiter = WriteLimiter(settings.write_rate_limit)
     app.state.principal_checks = SingleFlight()
+    app.state.answer_slots = answer_slots()
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     if settings.access_log:

@@ -9,6 +9,13 @@ statuses); the embedded store adds only the checking of plain dictionaries.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
+import anyio
+import anyio.to_thread
+from starlette.requests import Request
+
 from api import models
 from api.db import Database
 from api.models import utcnow
@@ -29,6 +36,28 @@ from tuner.core.wire.profiles import (
 )
 from tuner.core.wire.recommendation import RecommendationPublic, RecommendationQuery
 from tuner.core.wire.workers import WorkerCreate, WorkerPublic
+
+T = TypeVar("T")
+
+# Answers computed at once, each in a worker thread. Python runs one thread at a time: every
+# answer thread in flight is one more that the event loop (and so /healthz, and every
+# request's reading and writing) waits behind for the interpreter. The other questions
+# wait their turn without using it. 4 keeps two cores busy while an answer waits on its
+# database; measured under 12 connections of the heaviest question (tests/api/
+# test_healthz_under_load.py).
+ANSWERS_AT_ONCE = 4
+
+
+def answer_slots() -> anyio.CapacityLimiter:
+    """The app's limit on answers computed at once (``app.state.answer_slots``)."""
+    return anyio.CapacityLimiter(ANSWERS_AT_ONCE)
+
+
+async def in_answer_thread(request: Request, work: Callable[..., T], *args: object) -> T:
+    """``work(*args)`` in a worker thread once one of the app's answer slots is free:
+    never on the event loop, and never more than ``ANSWERS_AT_ONCE`` at once."""
+    slots: anyio.CapacityLimiter = request.app.state.answer_slots
+    return await anyio.to_thread.run_sync(work, *args, limiter=slots)
 
 
 def recommend(db: Database, query: RecommendationQuery, *, project_id: int) -> RecommendationPublic:

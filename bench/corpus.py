@@ -252,8 +252,8 @@ def check_profile(service: Service, run: Run) -> Cell:
     document, shown = run_json(service, args)
     run.document = run.printed["profile"] = document
     found = document.get("max_micro_batch_size")
-    split = (document.get("recommendation") or {}).get("split") or []
-    if not found or sum(split) != b:
+    split = (document.get("recommendation") or {}).get("split") or []  # runs [size, count]
+    if not found or sum(size * count for size, count in split) != b:
         raise Failure(shown, f"M* {found}, split {split} does not make {b}")
     return Cell("pass", f"M* {found}, {len(document['probes'])} probes")
 
@@ -383,6 +383,7 @@ _TRAIN = """
 import json, math, sys, warnings
 import torch
 from tuner import Accumulator, load_workload
+from tuner.core.plan import expand
 from tuner.engine.workload import parse_options
 target, pairs, plan, b = json.loads(sys.argv[1])
 warnings.simplefilter("ignore")  # BatchNorm's warning under accumulation is the point of it
@@ -391,7 +392,7 @@ accumulator = Accumulator.for_workload(workload, plan["micro_batch_size"], split
 for step in range(3):
     torch.manual_seed(step)
     report = accumulator.step(workload.make_batch(b))
-    if not math.isfinite(report.loss) or list(report.split) != list(plan["split"]):
+    if not math.isfinite(report.loss) or list(report.split) != expand(plan["split"]):
         sys.exit(f"step {step}: loss {report.loss}, split {list(report.split)}")
 print(report.loss)
 """
@@ -410,7 +411,9 @@ def check_train(service: Service, run: Run) -> Cell:
     if code != 0:
         raise Failure(shown, last_line(err))
     loss = float(out.strip().splitlines()[-1])
-    split = "+".join(map(str, plan["split"]))
+    from tuner.core.plan import format_runs  # torch-free; the split travels as runs
+
+    split = format_runs(plan["split"])
     note = f"{split}, loss {loss:.2f}"
     return Cell("pass", note if source == "answer" else f"{note} (with the {source})")
 

@@ -18,7 +18,6 @@ from urllib.parse import urlencode
 
 from fastapi import Request
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 
 from api import service
 from api.errors import STATUS_BY_CODE, describe_invalid
@@ -85,8 +84,9 @@ async def calculate(request: Request, question: dict[str, str], *, project_id: i
         message, _ = describe_invalid(exc.errors(), location=("query",))
         return Calculation(question, error=message, status=422)
     try:
-        answer = await run_in_threadpool(
-            partial(service.recommend, project_id=project_id), request.app.state.db, query
+        # As the route: in a worker thread, a few answers at a time.
+        answer = await service.in_answer_thread(
+            request, partial(service.recommend, project_id=project_id), request.app.state.db, query
         )
     except TunerError as exc:
         return Calculation(question, error=exc.message, status=STATUS_BY_CODE.get(exc.code, 400))

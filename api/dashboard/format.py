@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from jinja2 import Environment
 
 from tuner.core.parallel import SIMULATED_RANKS_NOTE
-from tuner.core.plan import format_split
+from tuner.core.plan import format_runs
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -136,7 +136,7 @@ def install_filters(environment: Environment) -> None:
         datetime=fmt_datetime,
         iso=fmt_iso,
         ago=fmt_ago,
-        split=format_split,
+        split=format_runs,  # the answer's split travels as runs [[size, count], ...]
         oom_cap=oom_cap,
         mode_label=mode_label,
         mesh_label=mesh_label,

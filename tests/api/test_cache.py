@@ -157,3 +157,22 @@ def test_a_cached_answer_still_needs_a_valid_token(service, database: Database) 
         token_id = next(t.id for t in list_tokens(session) if t.name == "reader")
         revoke_token(session, token_id)
     assert ask(reader).status_code == 401
+
+
+def test_token_checks_cannot_grow_with_what_requests_send(service, database: Database) -> None:
+    """The principal cache holds one entry per token the store accepted, keyed by its
+    digest: tokens the store refuses, however many and however long, add nothing."""
+    principals: GenerationCache[tuple[Principal, float]] = (
+        service.server.config.app.state.principals
+    )
+    with httpx.Client(base_url=service.url, timeout=10) as client:
+        for index in range(200):
+            wrong = f"{index:04d}" + "x" * 4000
+            response = client.get("/api/v1/profiles", headers={"Authorization": f"Bearer {wrong}"})
+            assert response.status_code == 401
+        assert len(principals) == 0
+        token = make_token(database, "read", name="reader")
+        for _ in range(3):
+            response = client.get("/api/v1/profiles", headers={"Authorization": f"Bearer {token}"})
+            assert response.status_code == 200
+    assert len(principals) == 1

@@ -54,7 +54,7 @@ def test_upload_then_get_list_and_recommend(client: TunerClient) -> None:
     answer = client.recommend(
         workload="gpt-test", device="cpu-test", global_batch_size=40, policy="max"
     )
-    assert (answer.micro_batch_size, answer.split) == (12, [12, 12, 12, 4])
+    assert (answer.micro_batch_size, answer.flat_split()) == (12, [12, 12, 12, 4])
     assert answer.describe().startswith("micro batch 12, 4 accumulation steps: 3×12 + 4")
 
     report = client.report_oom(
@@ -63,7 +63,11 @@ def test_upload_then_get_list_and_recommend(client: TunerClient) -> None:
     assert report.micro_batch_size == 12
     lowered = client.recommend(workload="gpt-test", device="cpu-test", global_batch_size=40)
     # Below the OOM, M* = 11: 40 samples in 4 balanced micro batches of 10.
-    assert (lowered.max_micro_batch_size, lowered.split, lowered.oom_limit) == (11, [10] * 4, 12)
+    assert (lowered.max_micro_batch_size, lowered.flat_split(), lowered.oom_limit) == (
+        11,
+        [10] * 4,
+        12,
+    )
 
 
 def test_pages_and_time_filters(client: TunerClient) -> None:

@@ -72,7 +72,7 @@ def test_upload_get_list_recommend_and_report(client: TunerClient) -> None:
 
     answer = client.recommend(workload="gpt-test", device="cpu-test", global_batch_size=40)
     assert type(answer) is RecommendationPublic
-    assert (answer.micro_batch_size, answer.split, answer.basis) == (
+    assert (answer.micro_batch_size, answer.flat_split(), answer.basis) == (
         10,
         [10, 10, 10, 10],
         "measured",

@@ -136,7 +136,11 @@ def test_the_fallback_with_one_warning_for_a_question_never_answered(
         answer = client.recommend(**other, fallback=(5, 7))
     assert len(caught) == 1
     assert isinstance(answer, OfflineRecommendation)
-    assert (answer.micro_batch_size, answer.grad_accum, answer.split) == (5, 7, [5] * 6 + [2])
+    assert (answer.micro_batch_size, answer.grad_accum, answer.flat_split()) == (
+        5,
+        7,
+        [5] * 6 + [2],
+    )
     assert (answer.per_rank_batch_size, answer.world_size, answer.basis) == (32, 2, "estimated")
     assert (answer.workload, answer.device) == ("gpt-test", "cpu-test")
     assert "cannot reach the service" in answer.offline_reason

@@ -113,9 +113,9 @@ def test_profiled_once_uploaded_then_served_from_the_stored_profile(
     (stored,) = client.list_profiles().data
     assert plan.profile_id == stored.id
     assert 1 < plan.micro_batch_size <= stored.max_micro_batch_size < BATCH
-    assert plan.split == balanced_split(BATCH, stored.max_micro_batch_size)
-    assert sum(plan.split) * plan.world_size == BATCH  # global batch = micro × accum × world
-    assert plan.grad_accum == len(plan.split)
+    assert plan.flat_split() == balanced_split(BATCH, stored.max_micro_batch_size)
+    assert sum(plan.flat_split()) * plan.world_size == BATCH  # global batch = micro × accum × world
+    assert plan.grad_accum == len(plan.flat_split())
     # The user's model is as it was, and its optimizer holds no state from the probes.
     assert all(torch.equal(weights[k], v) for k, v in workload.model.state_dict().items())
     assert workload.model.training
@@ -226,7 +226,7 @@ def test_with_the_service_out_of_reach_it_measures_here_and_warns_once(
         assert len(caught) == 1
         assert isinstance(plan, OfflineRecommendation)
         assert plan.basis == "measured"  # measured here, just now
-        assert sum(plan.split) == BATCH
+        assert sum(plan.flat_split()) == BATCH
         assert profiled.count == 1
         with pytest.raises(ServiceUnavailableError):
             plan_for(mlp(), client, missing="fail")

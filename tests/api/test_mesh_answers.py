@@ -79,7 +79,7 @@ def test_answers_by_mesh_shape_measured_estimated_refused(http: httpx.Client) ->
     assert estimated["tp"] == 2
     # global batch = micro batch × grad accum × dp, dp = 4 / 2
     assert estimated["per_rank_batch_size"] == BATCH // 2
-    assert sum(estimated["split"]) == BATCH // 2
+    assert sum(size * count for size, count in estimated["split"]) == BATCH // 2
     assert estimated["max_micro_batch_size"] <= load(*HELD_OUT).max_micro_batch_size
 
     # The same world size without a mesh is measured: (4, 1) has a profile.

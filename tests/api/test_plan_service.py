@@ -75,7 +75,7 @@ def test_an_estimated_recommendation_is_marked_and_has_no_speed() -> None:
     plan = recommend_estimated(
         FIT, capacity_bytes=800 * MiB, headroom=0.05, global_batch_size=128, policy="even"
     )
-    assert (plan.basis, plan.max_micro_batch_size, plan.split) == ("estimated", 66, [66, 62])
+    assert (plan.basis, plan.max_micro_batch_size, plan.flat_split()) == ("estimated", 66, [66, 62])
     assert plan.expected_peak_bytes == 760 * MiB
     assert plan.expected_headroom_bytes == 40 * MiB
     assert plan.expected_samples_per_second is None
@@ -86,7 +86,7 @@ def test_a_measured_recommendation_reports_headroom_from_the_capacity() -> None:
     plan = recommend_measured(
         max_micro_batch_size=8, probes=probes, capacity_bytes=400 * MiB, global_batch_size=16
     )
-    assert (plan.basis, plan.split) == ("measured", [8, 8])
+    assert (plan.basis, plan.flat_split()) == ("measured", [8, 8])
     assert plan.expected_peak_bytes == 180 * MiB
     assert plan.expected_headroom_bytes == 220 * MiB
 

@@ -61,7 +61,7 @@ def test_a_mesh_workload_is_planned_from_its_shape_with_the_batch_split_over_dp(
         # each of the 2 data-parallel groups takes 512 samples.
         assert plan.profile_id == ids[4, 2]
         assert plan.per_rank_batch_size == 512
-        assert sum(plan.split) == 512
+        assert sum(plan.flat_split()) == 512
         assert plan.micro_batch_size <= 272  # the 2 × 2 profile's M*
         flat = plan_training(
             _mesh_mlp(1),

@@ -86,7 +86,7 @@ def test_recommend_json_with_url_and_token_options(
     answer = json.loads(done.stdout)
     assert (answer["micro_batch_size"], answer["split"], answer["basis"]) == (
         8,
-        [8] * 5,
+        [[8, 5]],  # runs [size, count]
         "measured",
     )
 

@@ -4,6 +4,7 @@ answer until a newer profile, and every bad request refused with what is allowed
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from tests.api.builders import at, error_of, profile_with_speeds, recommendation, upload
 from tests.api.documents import MiB, sample_profile
+from tuner.core.wire.recommendation import MAX_FLAT_SPLIT, MAX_GLOBAL_BATCH_SIZE
 
 # Measured samples per second by size: 12 is M*, 10 is within 5% of 12, 8 is the fastest.
 SPEEDS = {1: 10.0, 4: 60.0, 8: 110.0, 10: 96.0, 12: 100.0}
@@ -34,10 +36,10 @@ def _ok(response: httpx.Response) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("policy", "micro", "split"),
     [
-        ("balanced", 10, [10, 10, 10, 10]),
-        ("max", 12, [12, 12, 12, 4]),
-        ("even", 10, [10, 10, 10, 10]),
-        ("throughput", 8, [8, 8, 8, 8, 8]),
+        ("balanced", 10, [[10, 4]]),
+        ("max", 12, [[12, 3], [4, 1]]),
+        ("even", 10, [[10, 4]]),
+        ("throughput", 8, [[8, 5]]),
     ],
 )
 def test_each_policy_over_one_measured_profile(
@@ -45,13 +47,13 @@ def test_each_policy_over_one_measured_profile(
     measured: dict[str, Any],
     policy: str,
     micro: int,
-    split: list[int],
+    split: list[list[int]],
 ) -> None:
     answer = _ok(recommendation(http, global_batch_size=80, world_size=2, policy=policy))
     assert answer["micro_batch_size"] == micro
-    assert answer["split"] == split
-    assert answer["grad_accum"] == len(split)
-    assert sum(split) * 2 == 80
+    assert answer["split"] == split  # runs [size, count]
+    assert answer["grad_accum"] == sum(count for _, count in split)
+    assert sum(size * count for size, count in split) * 2 == 80
     assert answer["per_rank_batch_size"] == 40
     assert answer["policy"] == policy
     assert answer["reason"].startswith(f"{policy}: ")
@@ -74,7 +76,7 @@ def test_workload_and_device_by_key_or_name_agree(
     by_name = _ok(recommendation(http, global_batch_size=48))
     by_key = _ok(recommendation(http, global_batch_size=48, workload="w" * 24, device="d" * 24))
     assert {**by_name, "profile_age_s": 0} == {**by_key, "profile_age_s": 0}
-    assert by_name["split"] == [12, 12, 12, 12]
+    assert by_name["split"] == [[12, 4]]
 
 
 def test_the_profile_received_last_counts_whatever_its_machine_clock_says(
@@ -87,7 +89,7 @@ def test_the_profile_received_last_counts_whatever_its_machine_clock_says(
     last = upload(http, sample_profile(max_micro_batch_size=20, created_at=at(5)))
     answer = _ok(recommendation(http, global_batch_size=12))
     assert answer["profile_id"] == last["id"]
-    assert answer["split"] == [12]
+    assert answer["split"] == [[12, 1]]
 
 
 def test_a_device_never_profiled_gets_an_estimate_from_another_devices_fit(
@@ -101,7 +103,7 @@ def test_a_device_never_profiled_gets_an_estimate_from_another_devices_fit(
         answer = _ok(recommendation(http, device=device, global_batch_size=128))
         assert answer["basis"] == "estimated"
         assert answer["max_micro_batch_size"] == 66
-        assert answer["split"] == [64, 64]
+        assert answer["split"] == [[64, 2]]
         assert answer["expected_peak_bytes"] == (100 + 10 * 64) * MiB
         assert answer["expected_headroom_bytes"] == 800 * MiB - (100 + 10 * 64) * MiB
         assert answer["expected_samples_per_second"] is None  # speed does not carry over
@@ -149,7 +151,7 @@ def test_an_oom_report_lowers_recommendations_until_a_newer_profile(
         answer = _ok(recommendation(http, global_batch_size=36, policy=policy))
         assert answer["micro_batch_size"] <= 9
         assert answer["oom_limit"] == 10
-    assert _ok(recommendation(http, global_batch_size=36))["split"] == [9, 9, 9, 9]
+    assert _ok(recommendation(http, global_batch_size=36))["split"] == [[9, 4]]
 
     newer = sample_profile(
         max_micro_batch_size=12, created_at=datetime.now(UTC) + timedelta(seconds=1)
@@ -180,7 +182,7 @@ def test_an_oom_report_also_lowers_an_estimate(
         39,
         40,
     )
-    assert answer["split"] == [32] * 4  # 128 in the fewest micro batches below 40
+    assert answer["split"] == [[32, 4]]  # 128 in the fewest micro batches below 40
 
 
 def test_bad_oom_reports_are_refused(http: httpx.Client, measured: dict[str, Any]) -> None:
@@ -271,6 +273,7 @@ def test_openapi_documents_the_questions_parameters(http: httpx.Client) -> None:
         "seq_len",
         "tokens_per_micro_batch",
         "tp",
+        "split",
     }
     assert all(p["in"] == "query" for p in parameters.values())
     assert [name for name, p in parameters.items() if p["required"]] == [
@@ -281,4 +284,39 @@ def test_openapi_documents_the_questions_parameters(http: httpx.Client) -> None:
     assert parameters["policy"]["schema"]["enum"] == ["balanced", "max", "even", "throughput"]
     assert parameters["policy"]["schema"]["default"] == "balanced"
     assert parameters["global_batch_size"]["schema"]["minimum"] == 1
+    assert parameters["split"]["schema"]["enum"] == ["runs", "flat"]
     assert set(operation["responses"]) == {"200", "422"}
+
+
+def test_an_answer_at_m_star_1_and_the_largest_batch_is_small(http: httpx.Client) -> None:
+    """The split travels as runs: at M* = 1 and a global batch of 2**20, listing every
+    micro batch made one answer 2,098,249 bytes."""
+    upload(http, sample_profile(max_micro_batch_size=1))
+    response = recommendation(http, global_batch_size=MAX_GLOBAL_BATCH_SIZE)
+    assert len(response.content) < 2048, len(response.content)
+    answer = _ok(response)
+    assert answer["split"] == [[1, MAX_GLOBAL_BATCH_SIZE]]
+    assert answer["grad_accum"] == MAX_GLOBAL_BATCH_SIZE
+    small = _ok(recommendation(http, global_batch_size=256))
+    assert len(response.content) - len(json.dumps(small).encode()) < 100
+
+
+def test_the_flat_split_only_on_request_and_bounded(
+    http: httpx.Client, measured: dict[str, Any]
+) -> None:
+    runs = _ok(recommendation(http, global_batch_size=80, world_size=2, policy="max"))
+    flat = _ok(recommendation(http, global_batch_size=80, world_size=2, policy="max", split="flat"))
+    assert flat["split"] == [12, 12, 12, 4]
+    assert {**flat, "split": runs["split"], "profile_age_s": 0} == {**runs, "profile_age_s": 0}
+    # M* is 12: 4,096 micro batches of 12 are listed, one more is refused with a way out.
+    most = recommendation(http, global_batch_size=12 * MAX_FLAT_SPLIT, split="flat")
+    assert len(_ok(most)["split"]) == MAX_FLAT_SPLIT
+    error = error_of(
+        recommendation(http, global_batch_size=12 * MAX_FLAT_SPLIT + 1, split="flat"), 422
+    )
+    assert error["message"] == (
+        f"split=flat lists at most {MAX_FLAT_SPLIT} micro batches and this step has "
+        f"{MAX_FLAT_SPLIT + 1}: use the runs (split=runs, the default), [[size, count], ...]"
+    )
+    error = error_of(recommendation(http, global_batch_size=80, split="all"), 422)
+    assert error["fields"][0]["location"] == ["query", "split"]

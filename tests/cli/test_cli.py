@@ -73,7 +73,7 @@ def test_json_output_is_exactly_one_object_with_the_answer(
     assert document["grad_accum"] == -(-100 // found)
     # Balanced by default: the fewest micro batches, sizes within one of each other.
     assert document["micro_batch_size"] == -(-100 // document["grad_accum"])
-    assert sum(document["recommendation"]["split"]) == 100
+    assert sum(size * count for size, count in document["recommendation"]["split"]) == 100
     assert document["recommendation"]["policy"] == "balanced"
     # The key is the one this process computes for the same workload.
     options = {"in_features": 32, "hidden": 64, "layers": 2}

@@ -90,8 +90,8 @@ def test_explore_json_on_the_gpt_example_picks_the_fastest_and_keeps_b_exact() -
     assert (chosen == fastest) == (gain > spread or fastest == loaded)
     for variant in variants:
         plan = variant["recommendation"]
-        assert sum(plan["split"]) == 32
-        assert max(plan["split"]) <= variant["max_micro_batch_size"]
+        assert sum(size * count for size, count in plan["split"]) == 32  # runs [size, count]
+        assert max(size for size, _ in plan["split"]) <= variant["max_micro_batch_size"]
     assert document["recommendation"] == chosen["recommendation"]
     at_max = [
         p for p in document["probes"] if p["micro_batch_size"] == document["max_micro_batch_size"]

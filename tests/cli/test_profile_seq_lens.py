@@ -87,7 +87,7 @@ def test_each_length_gets_bisections_answer_in_few_probes(
         seq_len = profile["seq_len"]
         found = profile["max_micro_batch_size"]
         assert profile["tokens_per_micro_batch"] == found * seq_len
-        assert sum(profile["recommendation"]["split"]) == 32
+        assert sum(size * count for size, count in profile["recommendation"]["split"]) == 32
         status = main(
             [*PROFILE, "-o", f"seq_len={seq_len}", "--strategy", "bisect", "--no-explore", "--json"]
         )

@@ -5,15 +5,20 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from tuner.core.errors import BadInputError, NothingFitsError
 from tuner.core.plan import (
     DEFAULT_POLICY,
     POLICIES,
+    Recommendation,
+    Run,
     balanced_split,
+    format_runs,
     format_split,
     per_rank_batch,
     recommend,
+    runs_of,
     split_batch,
 )
 from tuner.core.results import ProbeResult
@@ -54,7 +59,7 @@ def test_max_policy_even_split_keeps_the_global_batch() -> None:
     plan = recommend(
         max_micro_batch_size=32, probes=[], global_batch_size=256, mesh=MeshShape(2), policy="max"
     )
-    assert (plan.micro_batch_size, plan.grad_accum, plan.split) == (32, 4, [32] * 4)
+    assert (plan.micro_batch_size, plan.grad_accum, plan.flat_split()) == (32, 4, [32] * 4)
     assert plan.per_rank_batch_size == 128
     assert plan.micro_batch_size * plan.grad_accum * plan.world_size == plan.global_batch_size
 
@@ -63,14 +68,14 @@ def test_max_policy_uneven_split_sums_to_the_per_rank_batch() -> None:
     plan = recommend(
         max_micro_batch_size=30, probes=[], global_batch_size=200, mesh=MeshShape(2), policy="max"
     )
-    assert plan.split == [30, 30, 30, 10]
+    assert plan.flat_split() == [30, 30, 30, 10]
     assert plan.grad_accum == 4
-    assert sum(plan.split) * plan.world_size == 200
+    assert sum(plan.flat_split()) * plan.world_size == 200
 
 
 def test_m_star_larger_than_per_rank_batch_gives_one_step_of_the_whole_batch() -> None:
     plan = recommend(max_micro_batch_size=4096, probes=[], global_batch_size=96, mesh=MeshShape(4))
-    assert (plan.micro_batch_size, plan.grad_accum, plan.split) == (24, 1, [24])
+    assert (plan.micro_batch_size, plan.grad_accum, plan.flat_split()) == (24, 1, [24])
     assert plan.max_micro_batch_size == 4096
 
 
@@ -119,7 +124,7 @@ def test_even_policy_takes_a_divisor_within_five_percent_of_max_throughput() -> 
     probes = [probe(30, speed=100.0), probe(25, speed=96.0), probe(20, speed=99.0)]
     plan = recommend(max_micro_batch_size=30, probes=probes, global_batch_size=100, policy="even")
     # 25 is the largest divisor of 100 below 30, and 96 >= 0.95 × 100.
-    assert plan.split == [25, 25, 25, 25]
+    assert plan.flat_split() == [25, 25, 25, 25]
     assert plan.micro_batch_size * plan.grad_accum == 100
 
 
@@ -128,13 +133,13 @@ def test_even_policy_skips_divisors_that_are_too_slow_or_unmeasured() -> None:
     plan = recommend(max_micro_batch_size=30, probes=probes, global_batch_size=100, policy="even")
     # 25 is 6% slower, 20 was never measured: 10 is the largest acceptable divisor.
     assert plan.micro_batch_size == 10
-    assert plan.split == [10] * 10
+    assert plan.flat_split() == [10] * 10
 
 
 def test_even_policy_keeps_max_when_no_divisor_is_fast_enough() -> None:
     probes = [probe(30, speed=100.0), probe(25, speed=50.0), probe(1, speed=1.0)]
     plan = recommend(max_micro_batch_size=30, probes=probes, global_batch_size=100, policy="even")
-    assert plan.split == [30, 30, 30, 10]
+    assert plan.flat_split() == [30, 30, 30, 10]
 
 
 def test_even_policy_without_measured_throughput_keeps_max() -> None:
@@ -160,7 +165,7 @@ def test_throughput_policy_picks_the_fastest_fitting_probe_within_the_batch() ->
         max_micro_batch_size=64, probes=probes, global_batch_size=40, policy="throughput"
     )
     assert plan.micro_batch_size == 16
-    assert plan.split == [16, 16, 8]
+    assert plan.flat_split() == [16, 16, 8]
     assert plan.expected_samples_per_second == 900.0
 
 
@@ -206,24 +211,24 @@ def test_quickstart_balanced_default_gives_four_micro_batches_of_64() -> None:
     probes = [probe(1, speed=10.0), probe(65, speed=90.0, peak=6500), probe(66, fits=False)]
     plan = recommend(max_micro_batch_size=65, probes=probes, global_batch_size=256)
     assert plan.policy == DEFAULT_POLICY == "balanced"
-    assert (plan.micro_batch_size, plan.grad_accum, plan.split) == (64, 4, [64] * 4)
+    assert (plan.micro_batch_size, plan.grad_accum, plan.flat_split()) == (64, 4, [64] * 4)
     assert "micro batch 64 × 4 accumulation steps = global batch 256" in plan.describe()
     # 64 was never probed: the numbers are those of 65, a measured upper bound on the peak.
     assert (plan.expected_peak_bytes, plan.expected_samples_per_second) == (6500, 90.0)
     assert plan.measured_samples_per_second == {1: 10.0, 65: 90.0}
     maximal = recommend(max_micro_batch_size=65, probes=probes, global_batch_size=256, policy="max")
-    assert maximal.split == [65, 65, 65, 61]
+    assert maximal.flat_split() == [65, 65, 65, 61]
 
 
 def test_balanced_split_of_an_awkward_batch() -> None:
     # The dashboard's case: 256 with M* = 31 is 8×31 + 8 under max, 9 steps of 28 or 29 here.
     plan = recommend(max_micro_batch_size=31, probes=[], global_batch_size=256)
-    assert plan.split == [29] * 4 + [28] * 5
+    assert plan.flat_split() == [29] * 4 + [28] * 5
     assert "4×29 + 5×28" in plan.describe()
     assert plan.micro_batch_size == 29
     assert recommend(
         max_micro_batch_size=31, probes=[], global_batch_size=256, policy="max"
-    ).split == [31] * 8 + [8]
+    ).flat_split() == [31] * 8 + [8]
 
 
 @pytest.mark.parametrize(
@@ -263,6 +268,32 @@ def test_every_policy_says_why_in_one_line(
 )
 def test_format_split(split: list[int], text: str) -> None:
     assert format_split(split) == text
+    assert format_runs(runs_of(split)) == text
+
+
+def test_the_split_is_runs_whose_size_does_not_grow_with_the_batch() -> None:
+    """At M* = 1 and the largest global batch the service takes, a flat split listed
+    1,048,576 micro batches (about 2 MiB of JSON); the runs are one pair."""
+    plan = recommend(max_micro_batch_size=1, probes=[], global_batch_size=2**20)
+    assert plan.split == [Run(size=1, times=2**20)]
+    assert plan.grad_accum == 2**20
+    document = plan.model_dump_json()
+    assert len(document) < 1024, len(document)
+    assert '"split":[[1,1048576]]' in document
+    assert len(plan.flat_split()) == 2**20  # the training loop's view, in process only
+    awkward = recommend(max_micro_batch_size=31, probes=[], global_batch_size=256)
+    assert awkward.split == [Run(29, 4), Run(28, 5)]
+    assert '"split":[[29,4],[28,5]]' in awkward.model_dump_json()
+    assert Recommendation.model_validate_json(awkward.model_dump_json()) == awkward
+
+
+def test_a_flat_split_is_read_as_runs_and_runs_must_add_up() -> None:
+    plan = recommend(max_micro_batch_size=31, probes=[], global_batch_size=256)
+    flat = {**plan.model_dump(), "split": plan.flat_split()}
+    assert Recommendation.model_validate(flat) == plan  # an answer kept by earlier versions
+    for wrong in ([[29, 4], [28, 4]], [[29, 9]], [[29, 4], [28, 5], [0, 3]], [[-1, 9]], []):
+        with pytest.raises(ValidationError, match="split"):
+            Recommendation.model_validate({**plan.model_dump(), "split": wrong})
 
 
 @given(
@@ -280,7 +311,7 @@ def test_split_property_sums_to_per_rank_batch_and_respects_m_star(
         mesh=MeshShape(world),
         policy="max",
     )
-    split = plan.split
+    split = plan.flat_split()
     assert sum(split) == per_rank
     assert all(1 <= size <= m_star for size in split)
     # Only the last micro batch may be smaller than the others.
@@ -306,7 +337,7 @@ def test_balanced_property_fewest_micro_batches_within_one_of_each_other(
         global_batch_size=per_rank * world,
         mesh=MeshShape(world),
     )
-    split = plan.split
+    split = plan.flat_split()
     fewest = -(-per_rank // m_star)  # k = ⌈b / M*⌉
     assert sum(split) == per_rank
     assert len(split) == plan.grad_accum == fewest
@@ -334,11 +365,13 @@ def test_every_policy_property_sums_to_the_batch_and_fits(
     plan = recommend(
         max_micro_batch_size=m_star, probes=probes, global_batch_size=per_rank, policy=policy
     )
-    assert sum(plan.split) == per_rank
-    assert all(1 <= size <= min(m_star, per_rank) for size in plan.split)
-    assert plan.grad_accum == len(plan.split)
-    assert plan.micro_batch_size == max(plan.split)
-    assert len(set(plan.split)) <= 2  # at most two sizes in any policy's split
+    assert sum(plan.flat_split()) == per_rank
+    assert all(1 <= size <= min(m_star, per_rank) for size in plan.flat_split())
+    assert plan.grad_accum == len(plan.flat_split())
+    assert plan.micro_batch_size == max(plan.flat_split())
+    assert len(set(plan.flat_split())) <= 2  # at most two sizes in any policy's split
+    assert len(plan.split) <= 2  # so at most two runs, whatever the batch
+    assert plan.split == runs_of(plan.flat_split())
     assert plan.reason.startswith(f"{policy}: ")
     if policy in ("balanced", "max"):
         assert plan.grad_accum == -(-per_rank // m_star)

@@ -36,7 +36,7 @@ from tests.dashboard.conftest import SCREENSHOTS, Tab, signed_in
 from tests.dashboard.data import T0, cuda_profile, nothing_fits_profile, store
 from tests.dashboard.test_world_sizes import DDP_KEY, ddp_profile
 from tests.services import ServerThread
-from tuner.core.plan import format_split
+from tuner.core.plan import format_runs
 from tuner.core.results import Profile
 
 VIEWPORTS = {"desktop": (1440, 900), "phone": (390, 844)}
@@ -151,7 +151,7 @@ def shown_answer(page: Page) -> dict[str, Any]:
     assert page.locator("#calc-micro").inner_text() == str(answer["micro_batch_size"])
     assert page.locator("#calc-accum").inner_text() == str(answer["grad_accum"])
     assert page.locator("#calc-world-size").inner_text() == str(answer["world_size"])
-    assert page.locator("#calc-split").inner_text().startswith(format_split(answer["split"]))
+    assert page.locator("#calc-split").inner_text().startswith(format_runs(answer["split"]))
     assert (
         page.locator("#calc-peak").inner_text().startswith(fmt_bytes(answer["expected_peak_bytes"]))
     )
@@ -218,13 +218,13 @@ def test_the_landing_page_answers_as_the_api_does(tab: Tab, fleet: Fleet) -> Non
 
     ask(page, global_batch_size="1000", world_size="8", policy="max")
     answer = same_answer(page, fleet)
-    assert answer["split"] == [30, 30, 30, 30, 5]  # 125 a rank, at most 30 since the OOM
+    assert answer["split"] == [[30, 4], [5, 1]]  # 125 a rank, at most 30 since the OOM
     # The question is in the URL: opened again, the page answers it again.
     query = dict(parse_qsl(urlsplit(page.url).query))
     assert query["global_batch_size"] == "1000"
     assert query["world_size"] == "8"
     page = tab.open(urlsplit(page.url).path + "?" + urlsplit(page.url).query)
-    assert same_answer(page, fleet)["split"] == [30, 30, 30, 30, 5]
+    assert same_answer(page, fleet)["split"] == [[30, 4], [5, 1]]
 
     # Another workload and device: the DDP runs of the small model, at 2 ranks.
     ask(

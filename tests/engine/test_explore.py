@@ -76,8 +76,8 @@ def test_the_choice_is_the_fastest_measured_plan_and_keeps_the_global_batch_exac
     for outcome in exploration.variants:
         plan = outcome.recommendation
         assert plan is not None
-        assert sum(plan.split) == 24
-        assert max(plan.split) <= outcome.profile.max_micro_batch_size
+        assert sum(plan.flat_split()) == 24
+        assert max(plan.flat_split()) <= outcome.profile.max_micro_batch_size
         assert outcome.samples_per_second is not None
         assert outcome.samples_per_second > 0
         assert outcome.spread is not None  # three timed rounds each

@@ -52,20 +52,22 @@ def test_one_command_profiles_a_transformers_model_from_its_config(profiled) -> 
     assert fits[found] is True
     assert fits.get(found + 1) is not True
     plan = Recommendation.model_validate(profiled["recommendation"])
-    assert sum(plan.split) == 16
-    assert max(plan.split) <= found
+    assert sum(plan.flat_split()) == 16
+    assert max(plan.flat_split()) <= found
 
 
 @pytest.mark.slow
 def test_its_recommendation_trains_with_the_accumulator(profiled) -> None:
     plan = Recommendation.model_validate(profiled["recommendation"])
     model_workload = causal_lm(config=LLAMA, seq_len=32)
-    accumulator = Accumulator.for_workload(model_workload, plan.micro_batch_size, split=plan.split)
+    accumulator = Accumulator.for_workload(
+        model_workload, plan.micro_batch_size, split=plan.flat_split()
+    )
     losses = []
     for step in range(3):
         torch.manual_seed(step)
         report = accumulator.step(model_workload.make_batch(16))
-        assert report.split == plan.split
+        assert report.split == plan.flat_split()
         losses.append(report.loss)
     assert all(torch.isfinite(torch.tensor(losses)))
     assert report.units == 16 * 31  # every target token after the shift

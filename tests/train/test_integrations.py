@@ -56,7 +56,7 @@ def test_largest_equal_micro_batch_divides_the_batch(per_rank, found, micro) -> 
 
 def test_uneven_recommendations_become_equal_and_keep_the_global_batch() -> None:
     recommendation = _recommendation(found=31, batch=400, world=4, policy="max")
-    assert recommendation.split == [31, 31, 31, 7]
+    assert recommendation.split == [(31, 3), (7, 1)]
     micro, steps = equal_settings(recommendation)
     assert (micro, steps) == (25, 4)
     assert micro * steps * 4 == 400
@@ -130,7 +130,7 @@ def test_equal_settings_follow_the_recommendations_policy(
 def test_equal_micro_batches_that_cost_throughput_warn_with_the_nearest_good_batches() -> None:
     # 37 is prime: equal micro batches are 37 of 1 where balanced runs 4 of 9 or 10.
     recommendation = _recommendation(found=10, batch=37, speeds=SPEEDS)
-    assert recommendation.split == [10, 9, 9, 9]
+    assert recommendation.split == [(10, 1), (9, 3)]
     with pytest.warns(EqualMicroBatchWarning) as caught:
         assert lightning_arguments(recommendation, world_size=1) == {
             "batch_size": 1,
@@ -165,7 +165,8 @@ def test_equal_micro_batches_at_full_speed_do_not_warn() -> None:
 
 def test_speed_of_a_split_reads_unprobed_sizes_off_the_measured_line() -> None:
     # t(m) = 10 ms + 1 ms·m through the two measured sizes: 5 samples take 15 ms.
-    assert samples_per_second([5], SPEEDS) == pytest.approx(5 / 0.015)
-    assert samples_per_second([10, 1], SPEEDS) == pytest.approx(11 / 0.031)
-    assert samples_per_second([20], SPEEDS) == pytest.approx(20 / 0.030)  # beyond: extended
-    assert samples_per_second([4], {2: 100.0}) == pytest.approx(100.0)  # one point: same speed
+    assert samples_per_second([(5, 1)], SPEEDS) == pytest.approx(5 / 0.015)
+    assert samples_per_second([(10, 1), (1, 1)], SPEEDS) == pytest.approx(11 / 0.031)
+    assert samples_per_second([(10, 3)], SPEEDS) == samples_per_second([(10, 1)], SPEEDS)
+    assert samples_per_second([(20, 1)], SPEEDS) == pytest.approx(20 / 0.030)  # beyond: extended
+    assert samples_per_second([(4, 1)], {2: 100.0}) == pytest.approx(100.0)  # one point: same

@@ -6,6 +6,11 @@ workload, device, global batch, world size, policy), so processes that ask diffe
 questions never touch the same file. A file is written whole to a temporary name and
 moved into place with ``os.replace``: a reader sees the old answer or the new one, never
 half of one, even with many ranks writing at once.
+
+Bounded in bytes, not entries: an answer's split is runs ``[[size, count], ...]``, so a file
+is about 2 KiB whatever the batch (at most ``MAX_FILE_BYTES``; a larger one is neither
+written nor read), and after each save the oldest files go until the directory holds at
+most ``max_bytes`` (``DEFAULT_MAX_BYTES``, some 8,000 questions).
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from tuner.core.urls import redact
 from tuner.core.wire.recommendation import RecommendationPublic
 
 FORMAT_VERSION = 1
+# An answer file is about 2 KiB; the rest is slack for long names and many probed speeds.
+MAX_FILE_BYTES = 64 * 1024
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 
 
 def default_cache_dir() -> Path:
@@ -97,37 +105,66 @@ class CachedAnswer:
 
 
 class AnswerCache:
-    """Answers by question in ``directory`` (created on the first save)."""
+    """Answers by question in ``directory`` (created on the first save), at most
+    ``max_bytes`` of them: the least recently saved go first."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.directory = directory
+        self.max_bytes = max_bytes
 
     def _path(self, question: Question) -> Path:
         return self.directory / f"{question.digest()}.json"
 
     def save(self, question: Question, answer: RecommendationPublic) -> None:
-        """Keep ``answer``; raises ``OSError`` when the directory cannot be written."""
+        """Keep ``answer`` (its split as runs), then trim the directory to ``max_bytes``;
+        raises ``OSError`` when the directory cannot be written."""
         document = {
             "version": FORMAT_VERSION,
             "question": question.document(),
             "saved_at": datetime.now(UTC).isoformat(),
             "answer": answer.model_dump(mode="json"),
         }
+        text = json.dumps(document)
+        if len(text.encode()) > MAX_FILE_BYTES:
+            return  # never the case for an answer the service gives; not worth the disk
         self.directory.mkdir(parents=True, exist_ok=True)
         descriptor, temporary = tempfile.mkstemp(dir=self.directory, prefix=".", suffix=".tmp")
         try:
             with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                json.dump(document, handle)
+                handle.write(text)
             os.replace(temporary, self._path(question))
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
+        self._trim(keep=self._path(question))
+
+    def _trim(self, *, keep: Path) -> None:
+        """Remove the least recently saved answers until the directory holds at most
+        ``max_bytes``. Another process may trim at the same time: a file already gone is
+        fine, and a reader that loses its file answers as if nothing were cached."""
+        files: list[tuple[float, int, Path]] = []
+        for path in self.directory.glob("*.json"):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            files.append((stat.st_mtime, stat.st_size, path))
+        total = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files):
+            if total <= self.max_bytes:
+                return
+            if path != keep:
+                path.unlink(missing_ok=True)
+                total -= size
 
     def load(self, question: Question) -> CachedAnswer | None:
         """The last answer saved for ``question``; None when there is none or it is unreadable
         (a file from another version, or damaged)."""
+        path = self._path(question)
         try:
-            document = json.loads(self._path(question).read_text(encoding="utf-8"))
+            if path.stat().st_size > MAX_FILE_BYTES:
+                return None
+            document = json.loads(path.read_text(encoding="utf-8"))
             if document.get("version") != FORMAT_VERSION:
                 return None
             if document.get("question") != question.document():

@@ -606,10 +606,10 @@ def _settings_of(fallback: tuple[int, int], question: Question, per_rank: int) -
             "× accumulation steps × world size; the last micro batch of a step may be smaller)"
         )
     micro = min(micro, per_rank)
-    split = plan.split_batch(per_rank, micro)
+    split = plan.split_runs(per_rank, micro)
     return {
         "micro_batch_size": micro,
-        "grad_accum": len(split),
+        "grad_accum": sum(count for _, count in split),
         "split": split,
         "global_batch_size": question.global_batch_size,
         "world_size": question.world_size,

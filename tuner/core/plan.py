@@ -7,20 +7,24 @@ On a 2-D mesh of ``dp × tp`` ranks the ``tp`` ranks of a data-parallel group sh
 samples, so ``global batch = micro batch × accumulation steps × dp`` with
 ``dp = world size / tp`` (``tp = 1`` without a mesh: the line above).
 
-``split`` lists every micro batch of one step on one rank, and it always sums to
-``b = B / dp``. The default policy, ``balanced``, takes the fewest micro batches that fit,
-``k = ⌈b / M*⌉``, and sizes that differ by at most one: with ``b = q·k + r``, ``r`` micro
-batches of ``q + 1`` and ``k − r`` of ``q``. It runs as many steps as ``max`` (``M*``
-first, the remainder last) with a peak no higher, usually lower.
+``split`` is one step on one rank as runs of equal sizes, ``[(size, count), ...]`` in the
+order they run: ``Σ size·count = b = B / dp`` and ``Σ count = accumulation steps``. Every
+policy yields at most two runs, so an answer's size does not grow with the batch (at
+``M* = 1`` and ``B = 2**20`` the flat list would be a million numbers);
+``Recommendation.flat_split()`` expands them for a training loop. The default policy,
+``balanced``, takes the fewest micro batches that fit, ``k = ⌈b / M*⌉``, and sizes that
+differ by at most one: with ``b = q·k + r``, ``r`` micro batches of ``q + 1`` and ``k − r``
+of ``q``. It runs as many steps as ``max`` (``M*`` first, the remainder last) with a peak
+no higher, usually lower.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Literal, NoReturn, get_args
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal, NamedTuple, NoReturn, get_args
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from tuner.core.errors import BadInputError, NothingFitsError
 from tuner.core.results import AffineFit, ProbeResult
@@ -35,12 +39,45 @@ Basis = Literal["measured", "estimated"]
 EVEN_THROUGHPUT_TOLERANCE = 0.05
 
 
+class Run(NamedTuple):
+    """``times`` micro batches of ``size`` samples each, one after another; JSON
+    ``[size, count]``."""
+
+    size: int
+    times: int  # not `count`, which would hide tuple.count
+
+
+def runs_of(split: Iterable[int]) -> list[Run]:
+    """Runs of equal sizes: ``[12, 12, 12, 4]`` is ``[Run(12, 3), Run(4, 1)]``."""
+    return _runs(*((size, 1) for size in split))
+
+
+def expand(runs: Iterable[tuple[int, int]]) -> list[int]:
+    """Every micro batch of the runs, in order: ``Σ count`` numbers."""
+    return [size for size, count in runs for _ in range(count)]
+
+
+def _runs(*candidates: tuple[int, int]) -> list[Run]:
+    """``candidates`` as runs, empty ones left out and equal neighbours merged."""
+    runs: list[Run] = []
+    for size, count in candidates:
+        if count < 1:
+            continue
+        if runs and runs[-1].size == size:
+            runs[-1] = Run(size, runs[-1].times + count)
+        else:
+            runs.append(Run(size, count))
+    return runs
+
+
 class Recommendation(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     micro_batch_size: int
     grad_accum: int
-    split: list[int]
+    # Runs of equal sizes, ``[[size, count], ...]``: at most two, whatever the batch. A flat
+    # list of sizes is read too (answers kept by earlier versions) and kept as runs.
+    split: list[Run]
     global_batch_size: int
     world_size: int
     per_rank_batch_size: int
@@ -59,46 +96,78 @@ class Recommendation(BaseModel):
     # Tensor-parallel ranks of the run's mesh (``world_size / tp × tp``); 1 without one.
     tp: int = 1
 
+    @field_validator("split", mode="before")
+    @classmethod
+    def _as_runs(cls, split: Any) -> Any:
+        if isinstance(split, list) and split and all(isinstance(s, int) for s in split):
+            return runs_of(split)
+        return split
+
+    @model_validator(mode="after")
+    def _runs_add_up(self) -> Recommendation:
+        # The runs are what a training loop expands: they must be the step the other
+        # fields describe, or ``flat_split()`` could run anything a document claims.
+        if not self.split or any(size < 1 or count < 1 for size, count in self.split):
+            raise ValueError("split must be runs [size, count] of positive numbers")
+        if sum(count for _, count in self.split) != self.grad_accum:
+            raise ValueError(f"split's counts must add up to grad_accum {self.grad_accum}")
+        if sum(size * count for size, count in self.split) != self.per_rank_batch_size:
+            raise ValueError(
+                f"split must hold per_rank_batch_size {self.per_rank_batch_size} samples"
+            )
+        return self
+
     @property
     def mesh(self) -> MeshShape:
         """The run's ranks as ``dp × tp``."""
         return MeshShape(self.world_size, self.tp)
 
+    def flat_split(self) -> list[int]:
+        """Every micro batch of one step on one rank, in order (``grad_accum`` numbers): what
+        a training loop runs. Never sent: the wire carries the runs."""
+        return expand(self.split)
+
     def describe(self) -> str:
         """One sentence a person reads: the settings and how a step splits."""
         ranks = self.mesh.ranks_words()
         steps = f"{self.grad_accum} accumulation step{'s' if self.grad_accum != 1 else ''}"
-        if len(set(self.split)) == 1:
+        if len(self.split) == 1:
             return (
                 f"micro batch {self.micro_batch_size} × {steps}{ranks} "
                 f"= global batch {self.global_batch_size}"
             )
         return (
             f"micro batch {self.micro_batch_size}, {steps}: "
-            f"{format_split(self.split)} = {self.per_rank_batch_size} samples a step{ranks} "
+            f"{format_runs(self.split)} = {self.per_rank_batch_size} samples a step{ranks} "
             f"= global batch {self.global_batch_size}"
         )
+
+
+def format_runs(runs: Iterable[tuple[int, int]]) -> str:
+    """``[(12, 3), (4, 1)]`` reads ``3×12 + 4``."""
+    return " + ".join(f"{count}×{size}" if count > 1 else str(size) for size, count in runs)
 
 
 def format_split(split: Sequence[int]) -> str:
     """Runs of equal sizes: ``[12, 12, 12, 4]`` reads ``3×12 + 4``, ``[29, 29, 28]``
     reads ``2×29 + 28``."""
-    runs: list[tuple[int, int]] = []
-    for size in split:
-        if runs and runs[-1][0] == size:
-            runs[-1] = (size, runs[-1][1] + 1)
-        else:
-            runs.append((size, 1))
-    return " + ".join(f"{count}×{size}" if count > 1 else str(size) for size, count in runs)
+    return format_runs(runs_of(split))
+
+
+def split_runs(per_rank_batch_size: int, micro_batch_size: int) -> list[Run]:
+    """Full micro batches, then the remainder if any (``max``): ``a = ⌈b / m⌉`` micro
+    batches, ``a − 1`` of ``m`` and one of ``b − m·(a − 1)``."""
+    accum = math.ceil(per_rank_batch_size / micro_batch_size)
+    last = per_rank_batch_size - micro_batch_size * (accum - 1)
+    return _runs((micro_batch_size, accum - 1), (last, 1))
 
 
 def split_batch(per_rank_batch_size: int, micro_batch_size: int) -> list[int]:
     """Micro batch sizes of one step: full ones, then the remainder if any (``max``)."""
-    accum = math.ceil(per_rank_batch_size / micro_batch_size)
-    return [micro_batch_size] * (accum - 1) + [per_rank_batch_size - micro_batch_size * (accum - 1)]
+    return expand(split_runs(per_rank_batch_size, micro_batch_size))
 
 
-def balanced_split(per_rank_batch_size: int, max_micro_batch_size: int) -> list[int]:
+def balanced_runs(per_rank_batch_size: int, max_micro_batch_size: int) -> list[Run]:
     """The fewest micro batches of at most ``M*``, sizes within one of each other.
 
     ``k = ⌈b / M*⌉``, ``b = q·k + r``: ``r`` micro batches of ``q + 1``, then ``k − r``
@@ -106,7 +175,12 @@ def balanced_split(per_rank_batch_size: int, max_micro_batch_size: int) -> list[
     """
     accum = math.ceil(per_rank_batch_size / max_micro_batch_size)
     quotient, remainder = divmod(per_rank_batch_size, accum)
-    return [quotient + 1] * remainder + [quotient] * (accum - remainder)
+    return _runs((quotient + 1, remainder), (quotient, accum - remainder))
+
+
+def balanced_split(per_rank_batch_size: int, max_micro_batch_size: int) -> list[int]:
+    """:func:`balanced_runs`, every micro batch listed."""
+    return expand(balanced_runs(per_rank_batch_size, max_micro_batch_size))
 
 
 def largest_equal_micro_batch(per_rank_batch_size: int, max_micro_batch_size: int) -> int:
@@ -142,7 +216,7 @@ def recommend(
     """Choose the micro batch and accumulation steps for ``B`` samples over ``W`` ranks.
 
     - ``balanced`` (default): ``k = ⌈b / M*⌉`` micro batches whose sizes differ by at most
-      one (``balanced_split``): as few steps as ``max``, a peak no higher.
+      one (``balanced_runs``): as few steps as ``max``, a peak no higher.
     - ``max``: the largest fitting micro batch, ``min(M*, b)``, then the remainder.
     - ``even``: the largest divisor of ``b`` not above ``M*`` whose throughput is within
       5% of ``max``'s (every micro batch then has the same size).
@@ -161,12 +235,12 @@ def recommend(
     largest = min(max_micro_batch_size, per_rank)
     speeds = _measured_speeds(probes)
     split, reason = _choose(policy, per_rank, largest, max_micro_batch_size, speeds)
-    micro = split[0]
+    micro = split[0].size  # the largest: every policy runs it first
     probe = _probe_at_or_above(probes, micro)
     footprint = probe.footprint_bytes if probe is not None else None
     return Recommendation(
         micro_batch_size=micro,
-        grad_accum=len(split),
+        grad_accum=sum(count for _, count in split),
         split=split,
         global_batch_size=global_batch_size,
         world_size=mesh.world_size,
@@ -189,47 +263,50 @@ def recommend(
 
 def _choose(
     policy: str, per_rank: int, largest: int, m_star: int, speeds: dict[int, float]
-) -> tuple[list[int], str]:
-    """The split ``policy`` takes and the one line that says why."""
+) -> tuple[list[Run], str]:
+    """The split ``policy`` takes, as runs, and the one line that says why."""
     fewest = math.ceil(per_rank / largest)
     if per_rank <= m_star and policy != "throughput":
         why = f"the whole batch of {per_rank} fits in one micro batch (M* = {m_star})"
-        return [per_rank], f"{policy}: {why}"
+        return [Run(per_rank, 1)], f"{policy}: {why}"
     if policy == "balanced":
-        split = balanced_split(per_rank, largest)
-        if len(set(split)) == 1:
-            why = f"{fewest} equal micro batches of {split[0]}, the fewest that fit M* = {m_star}"
+        split = balanced_runs(per_rank, largest)
+        if len(split) == 1:
+            why = (
+                f"{fewest} equal micro batches of {split[0].size}, the fewest that fit "
+                f"M* = {m_star}"
+            )
         else:
             peak = (
-                f"so the peak is that of {split[0]}, not of {m_star}"
-                if split[0] < m_star
+                f"so the peak is that of {split[0].size}, not of {m_star}"
+                if split[0].size < m_star
                 else "so the peak is that of M* itself"
             )
             why = (
                 f"the fewest micro batches that fit M* = {m_star} (⌈{per_rank} / {m_star}⌉ = "
-                f"{fewest}), sizes within one of each other ({format_split(split)}), {peak}"
+                f"{fewest}), sizes within one of each other ({format_runs(split)}), {peak}"
             )
         return split, f"balanced: {why}"
     if policy == "throughput":
         fastest = max((m for m in speeds if m <= largest), key=speeds.__getitem__, default=None)
         if fastest is None:
             why = f"no throughput was measured, so the largest that fits, M* = {m_star}"
-            return split_batch(per_rank, largest), f"throughput: {why}"
+            return split_runs(per_rank, largest), f"throughput: {why}"
         why = (
             f"micro batch {fastest} ran fastest of the probes that fit "
             f"({speeds[fastest]:.1f} samples/s)"
         )
-        return split_batch(per_rank, fastest), f"throughput: {why}"
+        return split_runs(per_rank, fastest), f"throughput: {why}"
     if policy == "even":
         micro, why = _even_choice(per_rank, largest, speeds)
-        return split_batch(per_rank, micro), f"even: {why}"
-    split = split_batch(per_rank, largest)
-    if len(set(split)) == 1:
+        return split_runs(per_rank, micro), f"even: {why}"
+    split = split_runs(per_rank, largest)
+    if len(split) == 1:
         why = f"the largest micro batch that fits, M* = {m_star}, divides {per_rank}"
     else:
         why = (
             f"the largest micro batch that fits, M* = {m_star}, first; "
-            f"the remainder {split[-1]} last"
+            f"the remainder {split[-1].size} last"
         )
     return split, f"max: {why}"
 

@@ -207,7 +207,7 @@ def _timed_speeds(
                 continue
             with backend.session(), Prober(workload, backend, headroom=profile.headroom) as prober:
                 rounds[index].append(
-                    plan.per_rank_batch_size / prober.time_split(plan.split, steps=1)
+                    plan.per_rank_batch_size / prober.time_split(plan.flat_split(), steps=1)
                 )
     return rounds
 

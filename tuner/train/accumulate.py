@@ -54,7 +54,7 @@ from torch import nn
 
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import Parallel
-from tuner.core.plan import balanced_split
+from tuner.core.plan import balanced_split, expand, format_split
 from tuner.engine.backends import is_out_of_memory
 from tuner.engine.batching import Batch, batch_size_of, batch_tensors, slice_batch, to_device
 from tuner.engine.parallel import check_parallel, parallelize, sync_context
@@ -121,7 +121,8 @@ class Accumulator:
         for batch in loader:                 # B / dp samples per rank, on the host
             report = accumulator.step(batch)
 
-    ``split`` (a recommendation's micro batch sizes) runs as given for every batch of its
+    ``split`` (a recommendation's micro batch sizes, listed or as its runs
+    ``[(size, count), ...]``) runs as given for every batch of its
     sum; other batches (the last of an epoch) and every batch after an out-of-memory are
     split into the fewest micro batches of at most ``micro_batch_size``, sizes within one.
 
@@ -169,7 +170,7 @@ class Accumulator:
     sync: SyncMode = "safe"
     scaler: torch.amp.GradScaler | None = field(default=None)
     parallel: Parallel | None = None
-    split: Sequence[int] | None = None
+    split: Sequence[int] | Sequence[tuple[int, int]] | None = None
     keep_outputs: KeepOutputs = False
 
     def __post_init__(self) -> None:
@@ -177,12 +178,14 @@ class Accumulator:
             raise BadInputError(f"micro_batch_size must be positive, got {self.micro_batch_size}")
         if self.sync not in ("ddp", "safe"):
             raise BadInputError(f"sync must be 'ddp' or 'safe', got {self.sync!r}")
-        if self.split is not None:
-            self.split = list(self.split)
-            if not self.split or min(self.split) < 1 or max(self.split) > self.micro_batch_size:
+        # A recommendation's split travels as runs; the loop runs every micro batch.
+        self._micro_batches = None if self.split is None else _micro_batches(self.split)
+        if self._micro_batches is not None:
+            sizes = self._micro_batches
+            if not sizes or min(sizes) < 1 or max(sizes) > self.micro_batch_size:
                 raise BadInputError(
-                    f"split {self.split} must list positive micro batch sizes of at most "
-                    f"micro_batch_size={self.micro_batch_size}"
+                    f"split {format_split(sizes)} must list positive micro batch sizes of at "
+                    f"most micro_batch_size={self.micro_batch_size}"
                 )
         if self.precision == "fp16" and self.scaler is None:
             self.scaler = torch.amp.GradScaler(_device_of(self.model).type)
@@ -246,12 +249,9 @@ class Accumulator:
                 self.on_oom(failed_size, self.micro_batch_size, message)
 
     def _split_for(self, samples: int) -> list[int]:
-        if (
-            self.split is not None
-            and sum(self.split) == samples
-            and max(self.split) <= self.micro_batch_size
-        ):
-            return list(self.split)
+        given = self._micro_batches
+        if given is not None and sum(given) == samples and max(given) <= self.micro_batch_size:
+            return list(given)
         return balanced_split(samples, min(self.micro_batch_size, samples))
 
     # -- one attempt at a batch -------------------------------------------------------
@@ -467,6 +467,15 @@ class Accumulator:
 
 
 # -- small helpers ---------------------------------------------------------------------
+
+
+def _micro_batches(split: Sequence[int] | Sequence[tuple[int, int]]) -> list[int]:
+    """Every micro batch of ``split``: sizes as listed, or runs ``(size, count)`` expanded."""
+    return [
+        size
+        for item in split
+        for size in (expand([item]) if isinstance(item, tuple | list) else [item])
+    ]
 
 
 def _slices(batch: Batch, split: list[int]) -> list[Batch]:

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import BadInputError
 from tuner.core.plan import (
     EVEN_THROUGHPUT_TOLERANCE,
     Recommendation,
-    balanced_split,
-    format_split,
+    balanced_runs,
+    format_runs,
     largest_equal_micro_batch,
 )
 
@@ -51,8 +51,8 @@ def equal_settings(recommendation: Recommendation) -> tuple[int, int]:
     more than 5% of the measured throughput."""
     per_rank = recommendation.per_rank_batch_size
     speeds = recommendation.measured_samples_per_second
-    if len(set(recommendation.split)) == 1:
-        micro = recommendation.split[0]
+    if len(recommendation.split) == 1:
+        micro = recommendation.split[0].size
     elif recommendation.policy == "throughput" and speeds:
         micro = _fastest_divisor(per_rank, recommendation.max_micro_batch_size, speeds)
     else:
@@ -123,28 +123,31 @@ def seconds_per_micro_batch(size: int, speeds: Mapping[int, float]) -> float:
     return estimate if estimate > 0 else size * min(t0 / m0, t1 / m1)
 
 
-def samples_per_second(split: Sequence[int], speeds: Mapping[int, float]) -> float:
-    """Speed of one step of micro batches ``split``: ``Σ sizes / Σ t(size)``."""
-    return sum(split) / sum(seconds_per_micro_batch(size, speeds) for size in split)
+def samples_per_second(runs: Iterable[tuple[int, int]], speeds: Mapping[int, float]) -> float:
+    """Speed of one step of micro batches in ``runs`` of ``(size, count)``:
+    ``Σ size·count / Σ count·t(size)``."""
+    runs = list(runs)
+    samples = sum(size * count for size, count in runs)
+    return samples / sum(count * seconds_per_micro_batch(size, speeds) for size, count in runs)
 
 
 def _fastest_divisor(per_rank: int, m_star: int, speeds: Mapping[int, float]) -> int:
     divisors = [d for d in range(1, min(m_star, per_rank) + 1) if per_rank % d == 0]
-    return max(divisors, key=lambda d: (samples_per_second([d], speeds), d))
+    return max(divisors, key=lambda d: (samples_per_second([(d, 1)], speeds), d))
 
 
 def _equal_keeps_up(per_rank: int, m_star: int, speeds: Mapping[int, float]) -> bool:
     """Whether equal micro batches for ``per_rank`` stay within 5% of the balanced split."""
     micro = largest_equal_micro_batch(per_rank, m_star)
-    reference = samples_per_second(balanced_split(per_rank, min(m_star, per_rank)), speeds)
-    return samples_per_second([micro], speeds) >= (1 - EVEN_THROUGHPUT_TOLERANCE) * reference
+    reference = samples_per_second(balanced_runs(per_rank, min(m_star, per_rank)), speeds)
+    return samples_per_second([(micro, 1)], speeds) >= (1 - EVEN_THROUGHPUT_TOLERANCE) * reference
 
 
 def _warn_if_slower(
     recommendation: Recommendation, micro: int, speeds: Mapping[int, float]
 ) -> None:
     reference = samples_per_second(recommendation.split, speeds)
-    equal = samples_per_second([micro], speeds)
+    equal = samples_per_second([(micro, 1)], speeds)
     if equal >= (1 - EVEN_THROUGHPUT_TOLERANCE) * reference:
         return
     # A global batch is split over the data-parallel groups, not over every rank.
@@ -176,7 +179,7 @@ def _warn_if_slower(
     warnings.warn(
         f"equal micro batches for global batch {recommendation.global_batch_size} run "
         f"{per_rank // micro} micro batches of {micro} at about {equal:.1f} samples/s, "
-        f"{1 - equal / reference:.0%} slower than {format_split(recommendation.split)} "
+        f"{1 - equal / reference:.0%} slower than {format_runs(recommendation.split)} "
         f"({reference:.1f} samples/s, measured); {hint}",
         EqualMicroBatchWarning,
         stacklevel=3,

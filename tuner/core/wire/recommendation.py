@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -12,8 +13,12 @@ from tuner.core.parallel import ParallelMode
 from tuner.core.shape import MeshShape
 from tuner.core.wire.common import Reference, RequestModel
 
-# One step's split lists every micro batch, so the batch bounds the size of the answer.
+# The split travels as runs, so the answer's size does not depend on it; the bound keeps
+# the numbers far from any overflow and the per-rank loop of a training job finite.
 MAX_GLOBAL_BATCH_SIZE = 2**20
+# The most micro batches GET /api/v1/recommendation?split=flat lists (4,096 numbers, tens
+# of KiB of JSON at most); past it, the runs.
+MAX_FLAT_SPLIT = 4096
 MAX_SEQ_LEN = 2**24  # far past any model's positions: only a guard against nonsense
 
 
@@ -106,6 +111,21 @@ class RecommendationQuery(RequestModel):
                 "packed micro batches hold whole sequences"
             )
         return tokens
+
+
+SplitForm = Literal["runs", "flat"]
+
+
+class RecommendationParams(RecommendationQuery):
+    """GET /api/v1/recommendation's query string: the question, and how to write the
+    answer's split (which changes nothing of the answer)."""
+
+    split: SplitForm = Field(
+        default="runs",
+        description="runs (default): the split as runs [[size, count], ...], at most two "
+        "whatever the batch; flat: every micro batch listed, refused (422) above "
+        f"{MAX_FLAT_SPLIT} micro batches",
+    )
 
 
 class RecommendationPublic(plan.Recommendation):
