@@ -17,11 +17,13 @@ from api.db import Database
 from api.limits import WriteLimiter
 from api.models import DEFAULT_PROJECT_ID
 from api.security import ANONYMOUS_READER, TOUCH_INTERVAL, Principal, digest, require_scope
-from api.store.projects import project_id_of
+from api.store.projects import project_id_of, project_names
 from api.store.tokens import authenticate, touch_token
 from tuner.core.errors import AuthenticationError, NotFoundError, PermissionDeniedError
 
 TOKEN_COOKIE = "tuner_token"
+# The project the dashboard shows a token of every project (set by its project menu).
+PROJECT_COOKIE = "tuner_project"
 # The project an admin token that spans every project acts in (default: ``default``).
 PROJECT_HEADER = "X-Tuner-Project"
 
@@ -148,22 +150,48 @@ async def project_id(request: Request, name: str) -> int:
 
 async def _acting(request: Request, principal: Principal) -> Principal:
     """``principal`` acting in the project the request names (``X-Tuner-Project``): any
-    project for an admin token that spans them all (else ``default``); its own only for
-    every other token."""
+    project for an admin token that spans them all (else the dashboard's choice, else
+    ``default``); its own only for every other token. The project's name is left on the
+    request for the pages."""
     asked = request.headers.get(PROJECT_HEADER)
-    if asked is None:
-        if principal.project_id is None:
-            return replace(principal, project_id=DEFAULT_PROJECT_ID)
-        return principal
-    wanted = await project_id(request, asked)
     if principal.project_id is None:
-        return replace(principal, project_id=wanted)
-    if wanted != principal.project_id:
+        if asked is None and request.method in _READ_METHODS:
+            asked = request.cookies.get(PROJECT_COOKIE)
+        wanted = DEFAULT_PROJECT_ID if asked is None else await project_id(request, asked)
+        principal = replace(principal, project_id=wanted, all_projects=True)
+    elif asked is not None and await project_id(request, asked) != principal.project_id:
         raise PermissionDeniedError(
             f"token {principal.name!r} reads and writes its own project only, not {asked!r}: "
             "use a token of that project"
         )
+    request.scope.setdefault("state", {})["project_name"] = await project_name(
+        request, principal.project
+    )
     return principal
+
+
+async def project_name(request: Request, project: int) -> str:
+    """The name of project ``project`` (kept once read: projects are never renamed)."""
+    known: dict[int, str] = request.app.state.project_names
+    if project not in known:
+        db: Database = request.app.state.db
+
+        def read() -> dict[int, str]:
+            with db.session() as session:
+                return project_names(session)
+
+        known.update(await run_in_threadpool(read))
+    return known.get(project, "?")
+
+
+async def dashboard_reader(request: Request) -> Principal:
+    """Who the dashboard's cookie names, for a form the dashboard posts that changes no
+    stored row (the project it shows): the caller checks the post is same-origin, which
+    is what keeps cookies out of writes."""
+    token = request.cookies.get(TOKEN_COOKIE)
+    if token is None:
+        raise AuthenticationError("sign in first: the dashboard keeps your token in a cookie")
+    return await _principal(request, token)
 
 
 async def authorize(request: Request, scope: str, *alternatives: str) -> Principal:

@@ -62,6 +62,7 @@ def create_app(settings: ServiceSettings | None = None, *, prepare: bool = True)
     app.state.reader = DirectReader(database.engine)
     app.state.principals = GenerationCache()
     app.state.project_ids = {}
+    app.state.project_names = {}
     app.state.write_limiter = WriteLimiter(settings.write_rate_limit)
     app.state.principal_checks = SingleFlight()
     app.state.answer_slots = answer_slots()

@@ -42,6 +42,8 @@ class Principal:
     name: str
     scopes: frozenset[str]
     project_id: int | None = DEFAULT_PROJECT_ID
+    # Set when a token of every project acts in one (the dashboard offers to switch).
+    all_projects: bool = False
 
     def allows(self, scope: str) -> bool:
         return scope in self.scopes

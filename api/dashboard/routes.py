@@ -32,6 +32,7 @@ from api.dashboard.web import (
     cookie_would_be_dropped,
     forget_token,
     login_redirect,
+    remember_project,
     remember_token,
     render,
     safe_next,
@@ -40,11 +41,24 @@ from api.dashboard.web import (
 )
 from api.dashboard.worlds import world_sizes
 from api.db import Database
-from api.deps import TOKEN_COOKIE, DatabaseDep, ReadAccess, SettingsDep, authorize
+from api.deps import (
+    TOKEN_COOKIE,
+    DatabaseDep,
+    ReadAccess,
+    SettingsDep,
+    authorize,
+    dashboard_reader,
+    project_id,
+)
 from api.errors import STATUS_BY_CODE
-from api.security import Principal
+from api.security import Principal, check_project_name
 from api.store.tokens import authenticate
-from tuner.core.errors import AuthenticationError, BadInputError, TunerError
+from tuner.core.errors import (
+    AuthenticationError,
+    BadInputError,
+    PermissionDeniedError,
+    TunerError,
+)
 from tuner.core.results import OUTSIDE_BLOCKS
 from tuner.core.wire.common import INT32_MAX
 
@@ -473,6 +487,32 @@ async def login(request: Request, db: DatabaseDep) -> Response:
         )
     response = RedirectResponse(target, status_code=303)
     remember_token(response, token)
+    return response
+
+
+@router.post("/project")
+async def switch_project(request: Request) -> Response:
+    """A token of every project: show another project (a cookie the pages read)."""
+    if not same_origin(request):
+        return render(
+            request,
+            "error.html",
+            status_code=403,
+            status=403,
+            message="this project switch was posted from another site, so it was refused",
+        )
+    principal = await dashboard_reader(request)
+    form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=10)
+    name = (form.get("project") or [""])[0].strip()
+    if principal.project_id is not None:
+        raise PermissionDeniedError(
+            f"token {principal.name!r} reads its own project only: sign in with a token of "
+            "every project (`tuner token create --scope admin --all-projects`) to switch"
+        )
+    check_project_name(name)
+    await project_id(request, name)  # a project that exists, else a 404 page that says so
+    response = RedirectResponse("/", status_code=303)
+    remember_project(response, name)
     return response
 
 

@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from api.dashboard.format import install_filters
-from api.deps import TOKEN_COOKIE
+from api.deps import PROJECT_COOKIE, TOKEN_COOKIE
 from api.security import Principal
 from tuner.core import __version__
 
@@ -92,6 +92,8 @@ def render(
         .render(
             request=request,
             principal=principal,
+            # The project the pages show (api.deps.authorize leaves its name).
+            project=getattr(request.state, "project_name", None),
             public_reads=public_reads,
             path=request.url.path,
             **context,
@@ -138,6 +140,19 @@ def remember_token(response: Response, token: str) -> None:
     response.set_cookie(
         TOKEN_COOKIE,
         token,
+        max_age=COOKIE_MAX_AGE_S,
+        path="/",
+        secure=True,
+        httponly=True,
+        samesite="strict",
+    )
+
+
+def remember_project(response: Response, name: str) -> None:
+    """The project a token of every project is shown (read by api.deps for reads only)."""
+    response.set_cookie(
+        PROJECT_COOKIE,
+        name,
         max_age=COOKIE_MAX_AGE_S,
         path="/",
         secure=True,

@@ -30,7 +30,7 @@ def project_id_of(session: Session, name: str) -> int | None:
 
 
 def project_names(session: Session) -> dict[int, str]:
-    return dict(session.execute(select(Project.id, Project.name)).tuples().all())
+    return {row.id: row.name for row in session.execute(select(Project.id, Project.name))}
 
 
 def in_project(project_id: int) -> ColumnElement[bool]:

@@ -45,7 +45,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_projects")),
         sa.UniqueConstraint("name", name=op.f("uq_projects_name")),
     )
-    op.bulk_insert(projects, [{"id": 1, "name": "default", "created_at": datetime.now(UTC)}])
+    # No id given, so that PostgreSQL's sequence counts it: the first row of a new table is 1.
+    op.bulk_insert(projects, [{"name": "default", "created_at": datetime.now(UTC)}])
     for table in _OWNED:
         op.add_column(
             table, sa.Column("project_id", sa.Integer(), nullable=False, server_default="1")
