@@ -20,12 +20,11 @@ from api.security import ANONYMOUS_READER, TOUCH_INTERVAL, Principal, digest, re
 from api.store.projects import project_id_of, project_names
 from api.store.tokens import authenticate, touch_token
 from tuner.core.errors import AuthenticationError, NotFoundError, PermissionDeniedError
+from tuner.core.wire.common import PROJECT_HEADER
 
 TOKEN_COOKIE = "tuner_token"
 # The project the dashboard shows a token of every project (set by its project menu).
 PROJECT_COOKIE = "tuner_project"
-# The project an admin token that spans every project acts in (default: ``default``).
-PROJECT_HEADER = "X-Tuner-Project"
 
 
 # Async although they only read attributes: FastAPI runs a plain `def` dependency in its

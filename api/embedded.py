@@ -32,7 +32,7 @@ from api.security import SCOPES, Principal, check_project_name
 from api.store.projects import ensure_project
 from tuner.core.errors import BadInputError, ServiceUnavailableError
 from tuner.core.urls import redact
-from tuner.core.wire.common import Id
+from tuner.core.wire.common import PROJECT_ENV, Id
 from tuner.core.wire.jobs import (
     JobClaim,
     JobCreate,
@@ -51,8 +51,6 @@ Request = TypeVar("Request", bound=BaseModel)
 _ROW_ID: TypeAdapter[int] = TypeAdapter(Id)
 # Whoever opens the database: every scope, and no token (rows it writes belong to nobody's).
 _OWNER = Principal(None, "database", frozenset(SCOPES))
-# The project a store opened in this process reads and writes, unless it is given one.
-PROJECT_ENV = "TUNER_PROJECT"
 
 
 def _parse(model: type[Request], data: Mapping[str, Any], location: str) -> Request:

@@ -28,7 +28,8 @@ from tests.api.documents import sample_profile
 from tests.api.jobs_helpers import claim, device_document, queue, register
 from tests.api.test_recommend_cli import tuner
 from tests.services import ServerThread
-from tuner.core.errors import NotFoundError
+from tuner.client import TunerClient
+from tuner.core.errors import NotFoundError, PermissionDeniedError
 
 A_KEY, A_NAME, A_DEVICE, A_FAMILY = "a" * 24, "team-a-model", "d" * 24, "f" * 24
 ASK_A = {"workload": A_NAME, "device": "cpu-test", "global_batch_size": "64"}
@@ -252,3 +253,20 @@ def test_the_dashboard_shows_the_tokens_project_and_an_admin_switches(
         assert 'value="team-b"' in shown
         missing = root.post("/project", data={"project": "nope"})
         assert missing.status_code == 404
+
+
+def test_the_client_names_its_project_with_tuner_project(
+    teams: Teams, a_answer: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TUNER_PROJECT travels as X-Tuner-Project: a token of every project acts there, and a
+    token of one project naming another is refused in one line."""
+    del a_answer
+    asked = {"workload": A_NAME, "device": "cpu-test", "global_batch_size": 64}
+    monkeypatch.setenv("TUNER_PROJECT", "team-b")
+    with TunerClient(teams.url, token=teams.tokens["root"]) as root:
+        assert root.recommend(**asked).workload_name == "b-model"  # team B's row of that key
+    with (
+        TunerClient(teams.url, token=teams.tokens["a"]) as a,
+        pytest.raises(PermissionDeniedError, match="reads and writes its own project only"),
+    ):
+        a.recommend(**asked)

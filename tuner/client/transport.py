@@ -17,6 +17,7 @@ whatever it is.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 
 from tuner.core.errors import ERRORS_BY_CODE, BadInputError, ServiceUnavailableError, TunerError
+from tuner.core.wire.common import PROJECT_ENV, PROJECT_HEADER
 
 RETRYABLE_STATUS = {502, 503, 504}
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
@@ -74,6 +76,11 @@ class Transport:
         if not url.startswith(("http://", "https://")):
             raise BadInputError(f"service URL {url!r} must start with http:// or https://")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # The project a token of every project acts in (one of a project's own may name
+        # its project too; naming another is refused).
+        project = os.environ.get(PROJECT_ENV)
+        if project:
+            headers[PROJECT_HEADER] = project
         self.url = url.rstrip("/")
         self.retries = retries
         self.backoff = backoff

@@ -25,6 +25,10 @@ from pydantic import (
 )
 
 # Where the REST API lives: the service mounts its routers here, clients and workers call here.
+# The project a request acts in, for a token of every project (a token of one project may
+# name its own); a client given the database itself acts in the one the variable names.
+PROJECT_HEADER = "X-Tuner-Project"
+PROJECT_ENV = "TUNER_PROJECT"
 API_PREFIX = "/api/v1"
 
 INT32_MAX = 2**31 - 1  # SQL INTEGER on PostgreSQL
