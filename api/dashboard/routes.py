@@ -454,21 +454,29 @@ def _check_token(db: Database, token: str) -> None:
         authenticate(session, token)
 
 
+def _cross_site(request: Request, what: str) -> Response | None:
+    """The 403 page for a form posted from another site, else None."""
+    if same_origin(request):
+        return None
+    message = f"{what} was posted from another site, so it was refused"
+    return render(request, "error.html", status_code=403, status=403, message=message)
+
+
+async def _posted_form(request: Request) -> dict[str, list[str]]:
+    """The posted form's fields; none when it has more than the dashboard's forms do."""
+    try:
+        return parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=10)
+    except ValueError:  # more fields than the form has: not our form
+        return {}
+
+
 @router.post("/login")
 async def login(request: Request, db: DatabaseDep) -> Response:
     """Check the token as the API would, then keep it in a secure, http-only cookie."""
-    if not same_origin(request):
-        return render(
-            request,
-            "error.html",
-            status_code=403,
-            status=403,
-            message="this login form was posted from another site, so it was refused",
-        )
-    try:
-        form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=10)
-    except ValueError:  # more fields than the form has: not our form
-        form = {}
+    refused = _cross_site(request, "this login form")
+    if refused is not None:
+        return refused
+    form = await _posted_form(request)
     token = (form.get("token") or [""])[0].strip()
     target = safe_next((form.get("next") or ["/"])[0])
     try:
@@ -493,16 +501,11 @@ async def login(request: Request, db: DatabaseDep) -> Response:
 @router.post("/project")
 async def switch_project(request: Request) -> Response:
     """A token of every project: show another project (a cookie the pages read)."""
-    if not same_origin(request):
-        return render(
-            request,
-            "error.html",
-            status_code=403,
-            status=403,
-            message="this project switch was posted from another site, so it was refused",
-        )
+    refused = _cross_site(request, "this project switch")
+    if refused is not None:
+        return refused
     principal = await dashboard_reader(request)
-    form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=10)
+    form = await _posted_form(request)
     name = (form.get("project") or [""])[0].strip()
     if principal.project_id is not None:
         raise PermissionDeniedError(
@@ -519,14 +522,9 @@ async def switch_project(request: Request) -> Response:
 @router.post("/logout")
 def logout(request: Request, settings: SettingsDep) -> Response:
     """Forget the cookie; with public reads the pages stay readable without it."""
-    if not same_origin(request):
-        return render(
-            request,
-            "error.html",
-            status_code=403,
-            status=403,
-            message="this sign-out was posted from another site, so it was refused",
-        )
+    refused = _cross_site(request, "this sign-out")
+    if refused is not None:
+        return refused
     response = RedirectResponse("/" if settings.public_reads else "/login", status_code=303)
     forget_token(response)
     return response

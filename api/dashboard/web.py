@@ -137,22 +137,19 @@ def login_redirect(request: Request, *, reason: str | None) -> Response:
 
 
 def remember_token(response: Response, token: str) -> None:
-    response.set_cookie(
-        TOKEN_COOKIE,
-        token,
-        max_age=COOKIE_MAX_AGE_S,
-        path="/",
-        secure=True,
-        httponly=True,
-        samesite="strict",
-    )
+    _keep(response, TOKEN_COOKIE, token)
 
 
 def remember_project(response: Response, name: str) -> None:
     """The project a token of every project is shown (read by api.deps for reads only)."""
+    _keep(response, PROJECT_COOKIE, name)
+
+
+def _keep(response: Response, name: str, value: str) -> None:
+    # Secure and http-only; strict same-site: the dashboard's own pages only.
     response.set_cookie(
-        PROJECT_COOKIE,
         name,
+        value,
         max_age=COOKIE_MAX_AGE_S,
         path="/",
         secure=True,
