@@ -463,9 +463,9 @@ def main(argv: list[str] | None = None) -> int:
             "Cold: every request asks about a workload and device pair not asked before in "
             "the run, and the store's generation is raised before each run, so no answer "
             "comes from a cache. Fleet: 200 questions asked over and over. The service "
-            "answers each through an ordinary FastAPI route (`def`, in the threadpool): the "
-            "store reads the evidence (`api/store/evidence.py`) and `tuner.answer.decide` "
-            "answers.",
+            "answers each in a worker thread, at most `api.service.ANSWERS_AT_ONCE` at once "
+            "per process (the rest wait their turn, off the event loop): the store reads the "
+            "project's evidence (`api/store/evidence.py`) and `tuner.answer.decide` answers.",
         ]
     )
     print()
