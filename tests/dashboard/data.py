@@ -10,6 +10,7 @@ import httpx
 
 from api.db import Database
 from api.store.profiles import add_profile
+from api.store.projects import ensure_project
 from tests.api.documents import MiB, sample_probe, sample_profile
 from tuner.core.results import (
     AffineFit,
@@ -25,10 +26,13 @@ GiB = 1024 * MiB
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
 
-def store(database: Database, profiles: Iterable[Profile]) -> list[int]:
-    """Store the profiles in one transaction; their ids, in order."""
+def store(
+    database: Database, profiles: Iterable[Profile], *, project: str = "default"
+) -> list[int]:
+    """Store the profiles in one transaction, in ``project``; their ids, in order."""
     with database.session(write=True) as session:
-        return [add_profile(session, profile, project_id=1).id for profile in profiles]
+        project_id = ensure_project(session, project).id
+        return [add_profile(session, profile, project_id=project_id).id for profile in profiles]
 
 
 def fleet(count: int, *, workloads: int = 10, devices: int = 5) -> list[Profile]:
