@@ -348,3 +348,18 @@ def test_slow_readers_past_the_connection_limit_leave_the_health_check_answered(
         _still_answers(url, token)
         assert max(latencies) < 5
         assert reset_by_server(held, wait_s=30, enough=300 - 100) >= 300 - 100
+
+
+def test_forwarded_headers_are_trusted_only_from_the_proxy_named(served_url: str) -> None:
+    """Behind a TLS proxy the dashboard must know it was reached over HTTPS (its cookie is
+    ``Secure``); with nothing in front, no client may claim so."""
+    proxied = {"Host": "tuner.example.org", "X-Forwarded-Proto": "https"}
+    warning = "came over plain HTTP from another machine"
+    with tuner_serve(served_url) as url:
+        page = httpx.get(url + "/login", headers=proxied)
+        assert page.status_code == 200
+        assert warning in page.text  # uvicorn alone trusts 127.0.0.1
+    with tuner_serve(served_url, "--forwarded-allow-ips", "127.0.0.1") as url:
+        page = httpx.get(url + "/login", headers=proxied)
+        assert page.status_code == 200
+        assert warning not in page.text
