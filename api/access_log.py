@@ -79,7 +79,10 @@ def log_request(
     method: str, target: str, status: int, seconds: float, token_name: str | None
 ) -> None:
     if LINES.enabled:
-        LINES.add(f"{method} {target} {status} {seconds * 1e3:.2f}ms token={token_name or '-'}\n")
+        # A token's name is checked when the token is made (tuner token create), but one
+        # stored before that was may hold a newline: escaped, it cannot start a line.
+        name = _printable_text(token_name) if token_name else "-"
+        LINES.add(f"{method} {target} {status} {seconds * 1e3:.2f}ms token={name}\n")
 
 
 def logged_target(path: bytes, query_string: bytes) -> str:
@@ -92,10 +95,14 @@ def logged_target(path: bytes, query_string: bytes) -> str:
 
 
 def _printable(raw: bytes) -> str:
-    text = raw[:_LONGEST_PART].decode("ascii", "backslashreplace")
-    if not text.isprintable():
-        text = text.encode("unicode_escape").decode("ascii")
+    text = _printable_text(raw[:_LONGEST_PART].decode("ascii", "backslashreplace"))
     return text + ("..." if len(raw) > _LONGEST_PART else "")
+
+
+def _printable_text(text: str) -> str:
+    if text.isprintable():
+        return text  # beyond ASCII, escaped when the lines are written
+    return text.encode("unicode_escape").decode("ascii")
 
 
 class AccessLog:

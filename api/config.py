@@ -36,6 +36,24 @@ class ServiceSettings(BaseSettings):
         description="seconds a client has to send a whole request, from the connection's "
         "opening or the end of its last response; slower connections are closed",
     )
+    write_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds a client has to take what the service writes to it once "
+        "writing backs up; a connection whose peer does not read is reset",
+    )
+    max_pipelined_requests: int = Field(
+        default=16,
+        ge=1,
+        description="requests a connection may queue behind the one being answered; past "
+        "it, the connection is closed after the queued answers and the rest dropped",
+    )
+    forwarded_allow_ips: str | None = Field(
+        default=None,
+        description="behind a reverse proxy: the proxy's addresses (comma-separated IPs or "
+        "networks, '*' for any), whose X-Forwarded-For and X-Forwarded-Proto are trusted; "
+        "unset, no such header is trusted",
+    )
     keep_alive_timeout_s: float = Field(
         default=5.0, gt=0, description="an idle keep-alive connection is closed after this"
     )
@@ -43,7 +61,7 @@ class ServiceSettings(BaseSettings):
         default=2048,
         ge=1,
         description="open connections per server process; past it, the connection that has "
-        "waited longest without sending a whole request is closed",
+        "waited longest without sending a whole request, or for its peer to read, is closed",
     )
     max_target_bytes: int = Field(
         default=4096, ge=256, description="longest path and query string (else 414)"

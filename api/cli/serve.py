@@ -40,6 +40,14 @@ def add_parser(commands: Any) -> None:
         "TUNER_WRITE_RATE_LIMIT), '20/second', or 'none'",
     )
     serve.add_argument(
+        "--forwarded-allow-ips",
+        default=None,
+        metavar="ADDRESSES",
+        help="behind a reverse proxy: its addresses (comma-separated, '*' for any), whose "
+        "X-Forwarded-For/-Proto headers are trusted (default: TUNER_FORWARDED_ALLOW_IPS, "
+        "else none)",
+    )
+    serve.add_argument(
         "--no-access-log",
         dest="access_log",
         action="store_false",
@@ -90,6 +98,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
             ("workers", args.workers),
             ("write_rate_limit", args.write_rate_limit),
             ("access_log", args.access_log),
+            ("forwarded_allow_ips", args.forwarded_allow_ips),
         )
         if value is not None
     }
@@ -106,7 +115,9 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     )
     limits = ConnectionLimits(
         request_timeout_s=settings.request_timeout_s,
+        write_timeout_s=settings.write_timeout_s,
         max_connections=effective_max_connections(settings.max_connections),
+        max_pipelined_requests=settings.max_pipelined_requests,
         max_target_bytes=settings.max_target_bytes,
         max_header_bytes=settings.max_header_bytes,
     )
@@ -119,6 +130,10 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         log_level="warning",
         access_log=False,  # ours (api.access_log) names the token and leaves out values
         timeout_keep_alive=settings.keep_alive_timeout_s,  # a float is fine: call_later's delay
+        # uvicorn trusts X-Forwarded-* from 127.0.0.1 unless told otherwise: with nothing in
+        # front, any local process could claim HTTPS. Trusted only from the proxy named.
+        proxy_headers=settings.forwarded_allow_ips is not None,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
         limits=limits,
     )
     # What uvicorn.run does with an app given by name, with our configuration.

@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.core.commands import EXIT_OK, positive_int
+from tuner.core.errors import BadInputError
+from tuner.core.names import name_problem
 
 DEFAULT_PROJECT = "default"  # api.models.DEFAULT_PROJECT, without importing the store here
 
@@ -57,6 +59,11 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     from api.store.projects import project_names
     from api.store.tokens import create_token, list_tokens, revoke_token
 
+    if args.token_action == "create":
+        # The name is written in the access log and shown in lists: one visible string.
+        problem = name_problem(args.name)
+        if problem is not None:
+            raise BadInputError(f"--name {args.name!r} {problem}")
     url = args.database_url or ServiceSettings().database_url
     if url.startswith("sqlite"):
         migrate.upgrade(url)  # the first command on a new machine may well be this one

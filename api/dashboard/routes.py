@@ -60,7 +60,7 @@ from tuner.core.errors import (
     TunerError,
 )
 from tuner.core.results import OUTSIDE_BLOCKS
-from tuner.core.wire.common import INT32_MAX
+from tuner.core.wire.common import INT32_MAX, QueryInt
 
 LOGIN_REASONS = {
     "expired": "Your token is no longer accepted (revoked or unknown): sign in with a valid one.",
@@ -114,7 +114,7 @@ router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
 # Registered after everything else (the API, the static files): any other path.
 fallback = APIRouter(route_class=DashboardRoute, include_in_schema=False)
 
-RowId = Annotated[int, PathParam(ge=1, le=INT32_MAX)]
+RowId = Annotated[QueryInt, PathParam(ge=1, le=INT32_MAX)]
 # As long as the store's column (models.Workload.length_family); longer names nothing.
 FamilyKey = Annotated[str, PathParam(min_length=1, max_length=64)]
 
@@ -162,7 +162,7 @@ def _optional_id(params: Any, name: str, what: str) -> int | None:
     raw = params.get(name)
     if raw in (None, ""):
         return None
-    if not raw.isdigit() or not 1 <= int(raw) <= INT32_MAX:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= INT32_MAX:
         raise BadInputError(f"{name}={raw!r} is not a {what} id: pick one from the menu")
     return int(raw)
 
@@ -176,11 +176,13 @@ def parse_list_query(params: Any) -> queries.ListQuery:
     if order not in ("asc", "desc"):
         raise BadInputError(f"order={order!r}: use asc or desc")
     page_text = params.get("page") or "1"
-    if not page_text.isdigit() or not 1 <= int(page_text) <= INT32_MAX:
+    if not (page_text.isascii() and page_text.isdigit()) or not 1 <= int(page_text) <= INT32_MAX:
         raise BadInputError(f"page={page_text!r}: pages are numbered from 1")
     size_text = params.get("size") or str(queries.DEFAULT_PAGE_SIZE)
     sizes = ", ".join(str(size) for size in queries.PAGE_SIZES)
-    if not size_text.isdigit() or int(size_text) not in queries.PAGE_SIZES:
+    if not (size_text.isascii() and size_text.isdigit()) or (
+        int(size_text) not in queries.PAGE_SIZES
+    ):
         raise BadInputError(f"size={size_text!r}: show {sizes} profiles a page")
     return queries.ListQuery(
         workload_id=_optional_id(params, "workload", "workload"),

@@ -8,12 +8,12 @@ from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import DatabaseDep, ReadAccess, UploadAccess
 from api.store import profiles as store
-from tuner.core.wire.common import INT32_MAX
+from tuner.core.wire.common import INT32_MAX, QueryInt
 from tuner.core.wire.devices import DeviceCreate, DevicePublic, DeviceQuery, DevicesPublic
 
 router = APIRouter(prefix="/devices", tags=["devices"])
 
-DeviceId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the device's id")]
+DeviceId = Annotated[QueryInt, Path(ge=1, le=INT32_MAX, description="the device's id")]
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Query, Response, status
 
 from api import service
 from api.deps import DatabaseDep, ReadAccess, SettingsDep, WorkerAccess, WriteAccess
-from tuner.core.wire.common import INT32_MAX
+from tuner.core.wire.common import INT32_MAX, QueryInt
 from tuner.core.wire.jobs import (
     JobCreate,
     JobFailure,
@@ -22,7 +22,7 @@ from tuner.core.wire.jobs import (
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
-JobId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the job's id")]
+JobId = Annotated[QueryInt, Path(ge=1, le=INT32_MAX, description="the job's id")]
 
 
 @router.post("", status_code=201)

@@ -10,7 +10,7 @@ from api import service
 from api.deps import DatabaseDep, ReadAccess, UploadAccess
 from api.store import profiles as store
 from api.store.variants import variants_of
-from tuner.core.wire.common import INT32_MAX
+from tuner.core.wire.common import INT32_MAX, QueryInt
 from tuner.core.wire.profiles import (
     PrintedProfile,
     ProfilePublic,
@@ -22,7 +22,7 @@ from tuner.core.wire.variants import VariantsPublic
 
 router = APIRouter(prefix="/profiles", tags=["profiles"])
 
-ProfileId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the profile's id")]
+ProfileId = Annotated[QueryInt, Path(ge=1, le=INT32_MAX, description="the profile's id")]
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)

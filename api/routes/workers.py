@@ -9,13 +9,13 @@ from fastapi import APIRouter, Path, Query, Response, status
 from api import service
 from api.deps import DatabaseDep, ReadAccess, SettingsDep, WorkerAccess
 from api.store import jobs as store
-from tuner.core.wire.common import INT32_MAX
+from tuner.core.wire.common import INT32_MAX, QueryInt
 from tuner.core.wire.jobs import JobClaim
 from tuner.core.wire.workers import WorkerCreate, WorkerPublic, WorkersPublic
 
 router = APIRouter(prefix="/workers", tags=["workers"])
 
-WorkerId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the id registration gave")]
+WorkerId = Annotated[QueryInt, Path(ge=1, le=INT32_MAX, description="the id registration gave")]
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
@@ -57,7 +57,7 @@ def claim(
     settings: SettingsDep,
     caller: WorkerAccess,
     ranks: Annotated[
-        int,
+        QueryInt,
         Query(
             ge=1, le=2**20, description="ranks the worker can run: devices, or processes on a CPU"
         ),

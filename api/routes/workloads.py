@@ -8,12 +8,12 @@ from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import DatabaseDep, ReadAccess, UploadAccess
 from api.store import profiles as store
-from tuner.core.wire.common import INT32_MAX
+from tuner.core.wire.common import INT32_MAX, QueryInt
 from tuner.core.wire.workloads import WorkloadCreate, WorkloadPublic, WorkloadQuery, WorkloadsPublic
 
 router = APIRouter(prefix="/workloads", tags=["workloads"])
 
-WorkloadId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the workload's id")]
+WorkloadId = Annotated[QueryInt, Path(ge=1, le=INT32_MAX, description="the workload's id")]
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)

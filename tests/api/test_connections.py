@@ -252,3 +252,114 @@ def test_no_access_log_turns_it_off(served_url: str) -> None:
         assert httpx.get(url + "/healthz").status_code == 200
     # The server has stopped: all it wrote is in.
     assert [line for line in lines if " token=" in line] == [], lines
+
+
+# Slow readers: connections that pipeline requests for a large response and never read.
+OPENAPI = b"GET /openapi.json HTTP/1.1\r\nHost: tuner\r\n\r\n"
+TCP_CLOSE = 7  # Linux's tcp_info.tcpi_state once a reset has arrived
+
+
+@contextmanager
+def not_reading(url: str, count: int, *, pipelined: int = 40) -> Iterator[list[socket.socket]]:
+    """``count`` connections that each send ``pipelined`` requests at once and never read
+    an answer. A small receive buffer and segment size keep the kernel's send queue for
+    each small (about 100 KB, against megabytes on loopback otherwise), so the server's
+    writes back up within two answers, as they do for a far client."""
+    address = urlsplit(url)
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+            sock.settimeout(10)
+            sock.connect((address.hostname, address.port))
+            sock.sendall(OPENAPI * pipelined)
+            sockets.append(sock)
+        yield sockets
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def reset_by_server(
+    sockets: list[socket.socket], *, wait_s: float, enough: int | None = None
+) -> int:
+    """How many of ``sockets`` the server has reset, read from the kernel's state of each
+    (reading would drain what the server is waiting to write), waiting up to ``wait_s``
+    for ``enough`` of them (default: all)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        reset = sum(
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == TCP_CLOSE
+            for sock in sockets
+        )
+        if reset >= (enough or len(sockets)) or time.monotonic() > deadline:
+            return reset
+        time.sleep(0.2)
+
+
+def healthz_seconds(url: str) -> float:
+    started = time.perf_counter()
+    assert httpx.get(url + "/healthz", timeout=5).status_code == 200
+    return time.perf_counter() - started
+
+
+def test_a_connection_that_never_reads_its_answers_is_closed_after_the_write_timeout(
+    served_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """40 pipelined requests for the OpenAPI document (about 70 KB each) and nothing
+    read: without a write deadline uvicorn waits on each connection for ever."""
+    monkeypatch.setenv("TUNER_WRITE_TIMEOUT_S", "1")
+    with tuner_serve(served_url) as url, not_reading(url, 20) as held:
+        assert healthz_seconds(url) < 5
+        assert reset_by_server(held, wait_s=15) == len(held)
+        assert healthz_seconds(url) < 5
+
+
+def test_pipelined_requests_past_the_bound_are_dropped_and_the_connection_closed(
+    served_url: str,
+) -> None:
+    """A client that reads gets the first 1 + 16 answers, then the server hangs up (the
+    client retries the rest on a new connection, as HTTP/1.1 says)."""
+    with tuner_serve(served_url) as url:
+        address = urlsplit(url)
+        with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: tuner\r\n\r\n" * 100)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.count(b"HTTP/1.1 200 OK") == 17, answer[-300:]
+        assert answer.count(b"connection: close") == 1
+
+
+def test_slow_readers_past_the_connection_limit_leave_the_health_check_answered(
+    served_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's 2,700 × 40 case, scaled down: 300 connections that pipeline 40 requests
+    and never read, against a process allowed 100. Connections stuck writing are closed
+    for room like those stuck reading, long before any write timeout: the process holds
+    no more than its limit, and the health check and a question are answered."""
+    token = _stored_profile(served_url)
+    monkeypatch.setenv("TUNER_WRITE_TIMEOUT_S", "600")
+    monkeypatch.setenv("TUNER_MAX_CONNECTIONS", "100")
+    with tuner_serve(served_url) as url, not_reading(url, 300) as held:
+        latencies = [healthz_seconds(url) for _ in range(5)]
+        _still_answers(url, token)
+        assert max(latencies) < 5
+        assert reset_by_server(held, wait_s=30, enough=300 - 100) >= 300 - 100
+
+
+def test_forwarded_headers_are_trusted_only_from_the_proxy_named(served_url: str) -> None:
+    """Behind a TLS proxy the dashboard must know it was reached over HTTPS (its cookie is
+    ``Secure``); with nothing in front, no client may claim so."""
+    proxied = {"Host": "tuner.example.org", "X-Forwarded-Proto": "https"}
+    warning = "came over plain HTTP from another machine"
+    with tuner_serve(served_url) as url:
+        page = httpx.get(url + "/login", headers=proxied)
+        assert page.status_code == 200
+        assert warning in page.text  # uvicorn alone trusts 127.0.0.1
+    with tuner_serve(served_url, "--forwarded-allow-ips", "127.0.0.1") as url:
+        page = httpx.get(url + "/login", headers=proxied)
+        assert page.status_code == 200
+        assert warning not in page.text

@@ -204,7 +204,7 @@ BAD_QUERIES: list[tuple[dict[str, Any], str, str]] = [
     ({"global_batch_size": -8}, "global_batch_size", "greater than or equal to 1"),
     ({"global_batch_size": 2**40}, "global_batch_size", "less than or equal to"),
     ({"global_batch_size": 8, "world_size": 0}, "world_size", "greater than or equal to 1"),
-    ({"global_batch_size": "lots"}, "global_batch_size", "valid integer"),
+    ({"global_batch_size": "lots"}, "global_batch_size", "an integer in plain decimal digits"),
     ({}, "global_batch_size", "Field required"),
     ({"global_batch_size": 8, "workload": ""}, "workload", "at least 1 character"),
     ({"global_batch_size": 8, "colour": "red"}, "colour", "Extra inputs are not permitted"),

@@ -17,12 +17,15 @@ from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
     StringConstraints,
     model_validator,
 )
+
+from tuner.core.names import check_name
 
 # Where the REST API lives: the service mounts its routers here, clients and workers call here.
 # The project a request acts in, for a token of every project (a token of one project may
@@ -76,13 +79,19 @@ IdempotencyKey = Annotated[
         "first stored (200), never done twice; another request with it is a 409"
     ),
 ]
+# Names are refused when another that looks the same could sit beside them (tuner.core.names);
+# a reference is checked alike, so that asking by such a name says why (422), not 404.
 Name = Annotated[
-    str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable_text)
+    str,
+    StringConstraints(min_length=1, max_length=200),
+    AfterValidator(_storable_text),
+    AfterValidator(check_name),
 ]
 Reference = Annotated[
     str,
     StringConstraints(min_length=1, max_length=200),
     AfterValidator(_storable_text),
+    AfterValidator(check_name),
     Field(description="a key or a name"),
 ]
 # Numbers in request bodies are JSON numbers and nothing else: strict, so that `true` is
@@ -97,6 +106,28 @@ Int64 = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
 PositiveInt64 = Annotated[int, Strict(), Field(ge=1, le=INT64_MAX)]
 SignedInt64 = Annotated[int, Strict(), Field(ge=-INT64_MAX, le=INT64_MAX)]
 Id = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
+
+_MOST_DIGITS = 18  # every bound below 10**18; and int() of a long text is quadratic
+
+
+def _decimal(value: object) -> object:
+    # A query string is text, and pydantic's lax parsing reads "256.0", " 256", "2_56"
+    # and "+256" as 256: one question with many spellings. Only plain digits are a number.
+    # A minus sign is let through, for the bound to refuse it with the range allowed.
+    if isinstance(value, str):
+        digits = value.removeprefix("-")
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= _MOST_DIGITS):
+            raise ValueError(
+                f"must be an integer in plain decimal digits (at most {_MOST_DIGITS}), e.g. "
+                "256: no plus sign, point, space or underscore"
+            )
+        return int(value)
+    return value
+
+
+# Integers from a query string or a path: plain decimal digits, else a 422 that says so.
+# From Python (a client building a query) an int, strictly.
+QueryInt = Annotated[int, BeforeValidator(_decimal), Strict()]
 
 
 def _utc(value: datetime) -> datetime:
@@ -181,7 +212,7 @@ PageToken = Annotated[str, StringConstraints(max_length=200), AfterValidator(_ch
 class PageQuery(RequestModel):
     """Pagination of every list: ``limit`` items from where ``next_page_token`` points."""
 
-    limit: int = Field(
+    limit: QueryInt = Field(
         default=DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE, description="items per page, 1 to 500"
     )
     next_page_token: PageToken | None = Field(

@@ -11,7 +11,7 @@ from tuner.core import plan
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import ParallelMode
 from tuner.core.shape import MeshShape
-from tuner.core.wire.common import Reference, RequestModel
+from tuner.core.wire.common import QueryInt, Reference, RequestModel
 
 # The split travels as runs, so the answer's size does not depend on it; the bound keeps
 # the numbers far from any overflow and the per-rank loop of a training job finite.
@@ -27,13 +27,13 @@ class RecommendationQuery(RequestModel):
 
     workload: Reference = Field(description="workload key or name")
     device: Reference = Field(description="device key or name")
-    global_batch_size: int = Field(
+    global_batch_size: QueryInt = Field(
         ge=1,
         le=MAX_GLOBAL_BATCH_SIZE,
         description=f"samples per optimizer step over all ranks, 1 to {MAX_GLOBAL_BATCH_SIZE}",
     )
     # Before world_size, whose check reads it.
-    tp: int = Field(
+    tp: QueryInt = Field(
         default=1,
         ge=1,
         le=MAX_GLOBAL_BATCH_SIZE,
@@ -41,7 +41,7 @@ class RecommendationQuery(RequestModel):
         "mesh): answered from profiles at that mesh shape, or estimated across the shapes "
         "measured; must divide world_size",
     )
-    world_size: int = Field(
+    world_size: QueryInt = Field(
         default=1,
         ge=1,
         le=MAX_GLOBAL_BATCH_SIZE,
@@ -60,7 +60,7 @@ class RecommendationQuery(RequestModel):
         "equal micro batches when within 5% of max's throughput; throughput: fastest measured",
     )
 
-    seq_len: int | None = Field(
+    seq_len: QueryInt | None = Field(
         default=None,
         ge=1,
         le=MAX_SEQ_LEN,
@@ -68,7 +68,7 @@ class RecommendationQuery(RequestModel):
         "length was profiled, estimated from the workload's length family between and near "
         "the measured lengths (from half the shortest to 1.25 times the longest)",
     )
-    tokens_per_micro_batch: int | None = Field(
+    tokens_per_micro_batch: QueryInt | None = Field(
         default=None,
         ge=1,
         le=MAX_SEQ_LEN * MAX_GLOBAL_BATCH_SIZE,
