@@ -28,6 +28,14 @@ class ServiceSettings(BaseSettings):
     workers: int = Field(
         default=1, ge=1, le=64, description="server processes; one per core is a good start"
     )
+    answer_threads: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="answers a server process computes at once, each in a worker thread; "
+        "more questions wait their turn (answers hold Python's interpreter lock, so more "
+        "threads only take turns)",
+    )
     max_body_bytes: int = 1024 * 1024
     # Limits on what a connection may hold (enforced by api.connections under `tuner serve`).
     request_timeout_s: float = Field(

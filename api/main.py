@@ -65,7 +65,7 @@ def create_app(settings: ServiceSettings | None = None, *, prepare: bool = True)
     app.state.project_names = {}
     app.state.write_limiter = WriteLimiter(settings.write_rate_limit)
     app.state.principal_checks = SingleFlight()
-    app.state.answer_slots = answer_slots()
+    app.state.answer_slots = answer_slots(settings.answer_threads)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     if settings.access_log:

@@ -39,18 +39,19 @@ from tuner.core.wire.workers import WorkerCreate, WorkerPublic
 
 T = TypeVar("T")
 
-# Answers computed at once, each in a worker thread. Python runs one thread at a time: every
-# answer thread in flight is one more that the event loop (and so /healthz, and every
-# request's reading and writing) waits behind for the interpreter. The other questions
-# wait their turn without using it. 4 keeps two cores busy while an answer waits on its
-# database; measured under 12 connections of the heaviest question (tests/api/
-# test_healthz_under_load.py).
+# Answers computed at once by default (ServiceSettings.answer_threads), each in a worker
+# thread. Python runs one thread at a time: every answer thread in flight is one more that
+# the event loop (and so /healthz, and every request's reading and writing) waits behind
+# for the interpreter, and each answer's time stretches to that of all in flight. The other
+# questions wait their turn without using it. 4 keeps two cores busy while an answer waits
+# on its database; measured under 12 connections of the heaviest question (tests/api/
+# test_healthz_under_load.py) and by bench/service.py.
 ANSWERS_AT_ONCE = 4
 
 
-def answer_slots() -> anyio.CapacityLimiter:
+def answer_slots(count: int = ANSWERS_AT_ONCE) -> anyio.CapacityLimiter:
     """The app's limit on answers computed at once (``app.state.answer_slots``)."""
-    return anyio.CapacityLimiter(ANSWERS_AT_ONCE)
+    return anyio.CapacityLimiter(count)
 
 
 async def in_answer_thread(request: Request, work: Callable[..., T], *args: object) -> T:
