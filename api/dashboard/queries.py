@@ -105,6 +105,7 @@ class ProfileRow:
     variant: dict[str, Any] = field(default_factory=dict)
     seq_len: int | None = None
     tp: int = 1  # the mesh's tensor-parallel degree (world_size / tp × tp); 1 without one
+    simulated_ranks: bool = False  # a fake world's: memory measured, speed not
 
     @property
     def free_bytes(self) -> int | None:
@@ -241,7 +242,7 @@ def _decided(
     for row in profiles:
         if row.id not in probes:
             continue
-        fitting = [p for p in probes[row.id] if p.fits]
+        fitting = [p for p in current.timed(row, probes[row.id]) if p.fits]
         at_max = current.probe_at(fitting, row.max_micro_batch_size)
         decided[row.id] = _Decided(
             superseded=current.superseded(row, profiles),
@@ -302,6 +303,7 @@ def list_profiles(session: Session, query: ListQuery, *, project_id: int) -> Pro
             _P.variant,
             _W.seq_len,
             _P.tp,
+            _P.settings["simulated_ranks"].as_boolean(),
         )
         .join(_W, _W.id == _P.workload_id)
         .join(_D, _D.id == _P.device_id)
@@ -336,6 +338,7 @@ def list_profiles(session: Session, query: ListQuery, *, project_id: int) -> Pro
             variant=dict(r[15] or {}),
             seq_len=r[16],
             tp=r[17] or 1,
+            simulated_ranks=bool(r[18]),
         )
         for r in found
     ]

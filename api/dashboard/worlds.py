@@ -49,6 +49,7 @@ class WorldPoint:
     max_micro_batch_size: int
     profile_id: int
     ranks: list[RankParts]
+    simulated: bool = False  # a fake world's profile (one process stood for rank 0)
 
 
 @dataclass(frozen=True)
@@ -222,4 +223,5 @@ def _point(row: models.Profile) -> WorldPoint:
                     breakdowns[rank] if rank < len(breakdowns) else None,
                 )
             )
-    return WorldPoint(row.world_size, row.max_micro_batch_size, row.id, ranks)
+    simulated = bool((row.settings or {}).get("simulated_ranks"))
+    return WorldPoint(row.world_size, row.max_micro_batch_size, row.id, ranks, simulated)

@@ -60,6 +60,7 @@ _PROFILE_COLUMNS = (
     _P.fit_points,
     _P.variant_group,
     _P.variant_chosen,
+    _P.settings["simulated_ranks"].as_boolean(),
 )
 _PROBE_COLUMNS = (
     _Pr.profile_id,
@@ -103,6 +104,7 @@ def profile_row(row: Any) -> ProfileRow:
         points,
         variant_group,
         variant_chosen,
+        simulated_ranks,
     ) = row
     fit = (
         AffineFit(fixed_bytes=fixed, bytes_per_sample=per_sample, points=points or 0)
@@ -126,6 +128,7 @@ def profile_row(row: Any) -> ProfileRow:
         fit=fit,
         variant_group=variant_group,
         variant_chosen=bool(variant_chosen),
+        simulated_ranks=bool(simulated_ranks),
     )
 
 

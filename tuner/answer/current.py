@@ -95,6 +95,15 @@ def probe_at(probes: Sequence[ProbeResult], micro_batch_size: int) -> ProbeResul
     return found[-1] if found else None
 
 
+def timed(profile: ProfileRow, probes: Sequence[ProbeResult]) -> Sequence[ProbeResult]:
+    """The probes as an answer may quote their speed: without one where one process stood
+    for the ranks of a fake world, whose collectives moved no data (its steps are no
+    measure of training's)."""
+    if not profile.simulated_ranks:
+        return probes
+    return [p.model_copy(update={"samples_per_second": None, "step_time_s": None}) for p in probes]
+
+
 def speed_at_max(profile: ProfileRow, probes: Sequence[ProbeResult]) -> float:
     """The fastest fitting probe's samples per second at the profile's own M* (0 if none)."""
     speeds = [

@@ -106,7 +106,7 @@ class Meaning:
 
 
 def _speed_at_max(evidence: Evidence, profile: ProfileRow) -> float:
-    probes = evidence.probes([profile.id]).get(profile.id, ())
+    probes = current.timed(profile, evidence.probes([profile.id]).get(profile.id, ()))
     return current.speed_at_max(profile, probes)
 
 
@@ -126,6 +126,7 @@ class _Source:
     headroom: float
     mesh: MeshShape = ONE_PROCESS
     parallel: ParallelMode = "none"
+    simulated_ranks: bool = False
 
 
 @dataclass(frozen=True)
@@ -494,7 +495,7 @@ class _Answering:
         if found is None:
             return None
         limit = current.profile_cap(found, self._reports(workload))
-        probes = self.evidence.probes([found.id]).get(found.id, ())
+        probes = current.timed(found, self.evidence.probes([found.id]).get(found.id, ()))
         chosen = plan.recommend_measured(
             max_micro_batch_size=found.max_micro_batch_size,
             probes=probes,
@@ -505,7 +506,13 @@ class _Answering:
             oom_limit=self._below(limit),
         )
         source = _Source(
-            found.id, self.device.key, found.created_at, found.headroom, mesh, parallel
+            found.id,
+            self.device.key,
+            found.created_at,
+            found.headroom,
+            mesh,
+            parallel,
+            simulated_ranks=found.simulated_ranks,
         )
         return self._public(chosen, workload, source, limit)
 
@@ -571,6 +578,7 @@ class _Answering:
             profile_tp=source.mesh.tp,
             profile_parallel=source.parallel,
             profile_created_at=source.created_at,
+            profile_simulated_ranks=source.simulated_ranks,
             profile_age_s=max(0.0, (self.now - source.created_at).total_seconds()),
             based_on_profiles=based_on or [source.profile_id],
             expected_error=expected_error,

@@ -76,7 +76,8 @@ def on_every_device(
             row = shapes[0]
             count = sum(1 for p in profiles if p.device_id == device.id)
             oom = current.profile_cap(row, reports)
-            results.append(_measured(device, row, probes.get(row.id, ()), count, oom))
+            timed = current.timed(row, probes.get(row.id, ()))
+            results.append(_measured(device, row, timed, count, oom))
         else:
             limit = current.oom_cap(
                 reports, fitted.workload_id if fitted else 0, device.id, since=None

@@ -70,6 +70,9 @@ class ProfileRow:
     fit: AffineFit | None = None
     variant_group: str | None = None
     variant_chosen: bool = False
+    # One process stood for rank 0 of a fake world: memory measured, speed not (its
+    # collectives moved no data).
+    simulated_ranks: bool = False
 
     @property
     def mesh(self) -> MeshShape:
@@ -240,6 +243,7 @@ class MemoryEvidence:
                 fit=profile.fit,
                 variant_group=profile.variant_group,
                 variant_chosen=profile.variant_chosen,
+                simulated_ranks=profile.settings.simulated_ranks,
             )
             rows.append((row, profile.probes))
         return cls(workloads=workloads.values(), devices=devices.values(), profiles=rows)

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from tuner.core.commands import EXIT_FAILED, EXIT_NOTHING_FITS, EXIT_OK, positive_int
 from tuner.core.errors import NothingFitsError, ServiceUnavailableError
-from tuner.core.parallel import PARALLEL_MODES
+from tuner.core.parallel import PARALLEL_MODES, SIMULATED_RANKS_NOTE
 from tuner.core.plan import DEFAULT_POLICY, POLICIES
 from tuner.core.shape import MeshShape
 from tuner.core.units import format_bytes
@@ -142,6 +142,8 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     )
     if answer.caveat is not None:
         print(f"caution: {answer.caveat}")
+    if answer.profile_simulated_ranks:
+        print(f"simulated ranks: {SIMULATED_RANKS_NOTE}; no speed is quoted")
     if answer.oom_limit is not None:
         print(
             f"kept below micro batch {answer.oom_limit}, which ran out of memory in training; "

@@ -151,6 +151,11 @@ class RecommendationPublic(plan.Recommendation):
     )
     profile_parallel: ParallelMode = Field(description="that profile's parallel mode")
     profile_created_at: datetime
+    profile_simulated_ranks: bool = Field(
+        default=False,
+        description="that profile is a fake world's (one process stood for rank 0): its "
+        "memory was measured, its speed was not, so the answer quotes none",
+    )
     parallel: ParallelMode = Field(description="the run's parallel mode, as answered")
     based_on_profiles: list[int] = Field(
         description="every profile the numbers rest on: several when estimated across world sizes"
