@@ -14,6 +14,7 @@ M*.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,11 +53,20 @@ class WorldPoint:
     simulated: bool = False  # a fake world's profile (one process stood for rank 0)
 
 
+def drawn_sizes(measured: Iterable[int], end: int, tp: int = 1) -> list[int]:
+    """The world sizes a chart draws up to ``end``: the powers of two and the sizes
+    measured, those of them that are multiples of ``tp`` (a mesh is dp × tp ranks). Only
+    these are estimated, so a page costs a fit per drawn size, not one per rank up to the
+    end (a 512-rank profile drew 1,024 of them)."""
+    sizes = {1 << k for k in range(end.bit_length()) if 1 << k <= end}
+    return sorted(w for w in sizes | set(measured) if w % tp == 0 and w <= end)
+
+
 @dataclass(frozen=True)
 class ModeSeries:
     """One parallel mode at one tp on one device: measured points and, from two shapes
-    on, the estimate at every world size up to ``range_end`` that is a multiple of tp and
-    that the fit answers without extrapolating."""
+    on, the estimate at each drawn world size (:func:`drawn_sizes`) that the fit answers
+    without extrapolating."""
 
     mode: str
     points: list[WorldPoint]
@@ -88,10 +98,11 @@ class DeviceWorlds:
         return max(SMALLEST_RANGE, 2 * largest)
 
     def chart(self) -> dict[str, Any]:
-        """What the chart draws: world sizes 1…range_end, and per mode and tp a measured
-        series (gaps where nothing was measured) and an estimate series (gaps where the
-        fit is not asked or refuses)."""
-        xs = list(range(1, self.range_end + 1))
+        """What the chart draws: the drawn world sizes up to range_end, and per mode and
+        tp a measured series (gaps where nothing was measured) and an estimate series
+        (gaps where the fit is not asked or refuses)."""
+        measured_sizes = {p.world_size for s in self.series for p in s.points}
+        xs = drawn_sizes(measured_sizes, self.range_end)
         series: list[dict[str, Any]] = []
         for mode in self.series:
             colour = {"colour": TP_COLOURS[mode.tp]} if mode.tp in TP_COLOURS else {}
@@ -174,7 +185,7 @@ def _series(
         return ModeSeries(mode, points, note="one world size measured: no estimate line", tp=tp)
     estimate: dict[int, WorldEstimate] = {}
     refused: dict[int, str] = {}
-    for w in range(tp, end + 1, tp):  # dp × tp ranks: multiples of tp only
+    for w in drawn_sizes(by_world, end, tp):
         try:
             estimate[w] = at_world_size(profiles, MeshShape(w, tp))
         except BadInputError as exc:

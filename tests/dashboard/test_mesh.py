@@ -88,7 +88,7 @@ def test_the_mesh_tells_runs_apart_on_every_page(tab: Tab, database: Database, r
     page = tab.open(f"/workloads/{workload_id}")
     chart = drawn(page, device_id)
     xs = chart["x"]
-    assert xs == list(range(1, 17))
+    assert xs == [1, 2, 4, 8, 16]  # powers of two to twice the largest measured, and those
     series = chart["series"]
     assert set(series) == {
         "fsdp-measured",
@@ -105,13 +105,14 @@ def test_the_mesh_tells_runs_apart_on_every_page(tab: Tab, database: Database, r
         expected = [_estimated(every, w, tp) if w % tp == 0 else None for w in xs]
         assert series[f"{key}-estimated"] == expected
     # At W = 4 the three shapes differ, and none is drawn over another.
-    assert series["fsdp-measured"][3] == profiles[4, 1].max_micro_batch_size
-    assert series["fsdp-tp2-measured"][3] == profiles[4, 2].max_micro_batch_size
-    assert series["fsdp-tp4-measured"][3] == profiles[4, 4].max_micro_batch_size
-    assert len({series[f"{k}-measured"][3] for k in ("fsdp", "fsdp-tp2", "fsdp-tp4")}) == 3
+    at = xs.index(4)
+    assert series["fsdp-measured"][at] == profiles[4, 1].max_micro_batch_size
+    assert series["fsdp-tp2-measured"][at] == profiles[4, 2].max_micro_batch_size
+    assert series["fsdp-tp4-measured"][at] == profiles[4, 4].max_micro_batch_size
+    assert len({series[f"{k}-measured"][at] for k in ("fsdp", "fsdp-tp2", "fsdp-tp4")}) == 3
     # Estimated between the shapes measured (1 × 2), never past them (8 × 2).
-    assert series["fsdp-tp2-estimated"][1] is not None
-    assert series["fsdp-tp2-estimated"][15] is None
+    assert series["fsdp-tp2-estimated"][xs.index(2)] is not None
+    assert series["fsdp-tp2-estimated"][xs.index(16)] is None
     labels = page.locator("#world-sizes h4[data-tp='2']").inner_text()
     assert labels.startswith("fsdp × tp 2")
     caption = page.locator("table.ranks[data-tp='2'][data-world-size='4'] caption")
