@@ -153,6 +153,11 @@ class EmbeddedStore:
         with self._prepared_db() as db:
             return service.register_worker(db, worker, self._owner)[0]
 
+    def leave_worker(self, worker_id: int) -> WorkerPublic:
+        worker_id = _row_id(worker_id, "worker_id")
+        with self._prepared_db() as db:
+            return service.leave_worker(db, worker_id, self._owner)
+
     def claim_job(self, worker_id: int, *, ranks: int) -> JobClaim | None:
         worker_id = _row_id(worker_id, "worker_id")
         with self._prepared_db() as db:

@@ -281,6 +281,9 @@ class Worker(Base):
     request_digest: Mapped[str | None] = mapped_column(String(64))
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # When it said it stops on purpose (migration 0016); None while it runs, and for one
+    # that stopped without a word (killed, crashed): that one goes silent.
+    left_at: Mapped[datetime | None] = mapped_column()
 
     device: Mapped[Device] = relationship(lazy="joined", innerjoin=True)
 

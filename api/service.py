@@ -164,6 +164,7 @@ def worker_public(worker: models.Worker) -> WorkerPublic:
         device_name=worker.device.name,
         registered_at=worker.registered_at,
         last_heartbeat_at=worker.last_heartbeat_at,
+        left_at=worker.left_at,
     )
 
 
@@ -173,6 +174,11 @@ def register_worker(
     with db.session(write=True) as session:
         worker, created = jobs.register_worker(session, body, caller)
         return worker_public(worker), created
+
+
+def leave_worker(db: Database, worker_id: int, caller: Principal) -> WorkerPublic:
+    with db.session(write=True) as session:
+        return worker_public(jobs.leave_worker(session, worker_id, caller))
 
 
 def claim_job(

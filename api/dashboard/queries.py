@@ -801,6 +801,7 @@ class WorkerRow:
     registered_at: datetime
     last_heartbeat_at: datetime
     running_job_id: int | None
+    left_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -883,6 +884,7 @@ def jobs_overview(session: Session, project_id: int) -> JobsOverview:
             registered_at=worker.registered_at,
             last_heartbeat_at=worker.last_heartbeat_at,
             running_job_id=running_by_worker.get(worker.id),
+            left_at=worker.left_at,
         )
         for worker in session.scalars(
             select(models.Worker).where(of_project).order_by(models.Worker.last_heartbeat_at.desc())

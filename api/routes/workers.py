@@ -46,6 +46,13 @@ def heartbeat(worker_id: WorkerId, db: DatabaseDep, caller: WorkerAccess) -> Wor
         return service.worker_public(store.touch_worker(session, worker_id, caller))
 
 
+@router.post("/{worker_id}/leave")
+def leave(worker_id: WorkerId, db: DatabaseDep, caller: WorkerAccess) -> WorkerPublic:
+    """The worker stops on purpose (only its own token, or an admin's, may say so): the
+    dashboard shows it as gone rather than silent."""
+    return service.leave_worker(db, worker_id, caller)
+
+
 @router.post(
     "/{worker_id}/claim",
     response_model=JobClaim,

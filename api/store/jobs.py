@@ -106,6 +106,16 @@ def touch_worker(session: Session, worker_id: int, caller: Principal) -> models.
     worker = get_worker(session, worker_id, project_id=caller.project)
     check_acts_for(worker, caller)
     worker.last_heartbeat_at = models.utcnow()
+    worker.left_at = None  # heard from again: running
+    return worker
+
+
+def leave_worker(session: Session, worker_id: int, caller: Principal) -> models.Worker:
+    """The worker says it stops on purpose: gone, not silent. It holds no job then (it
+    hands a running one back before it leaves; a lease it left behind expires as usual)."""
+    worker = get_worker(session, worker_id, project_id=caller.project)
+    check_acts_for(worker, caller)
+    worker.left_at = models.utcnow()
     return worker
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import func, select, update
 
@@ -420,3 +421,33 @@ def test_a_jobs_code_gets_none_of_the_workers_credentials(
     assert failed["status"] == "failed"
     assert "RuntimeError: the worker's token is [redacted]" in failed["error"]
     assert worker_token not in failed["error"]
+
+
+@SQLITE_ONLY
+def test_a_worker_that_stops_on_purpose_has_left_and_one_killed_goes_silent(
+    migrated_url: str, database: Database, workers: Workers
+) -> None:
+    """`--exit-when-idle` says it leaves before it exits: the service and the jobs page
+    show it gone, not silent. A worker killed with SIGKILL says nothing, and is silent once
+    its heartbeats stop (here at once: a lease of 0.2 s makes 0.4 s of quiet silence)."""
+    admin, token = make_token(database, "admin"), make_token(database, "worker")
+    with (
+        job_service(migrated_url, lease_seconds=0.2) as server,
+        api_client(server, admin) as api,
+    ):
+        idle = workers.start(server.url, token, "--exit-when-idle", name="idle")
+        assert idle.wait(timeout=120) == 0, workers.log("idle")
+        killed = workers.start(server.url, token, name="killed")
+        wait_for(
+            "the second worker to register",
+            lambda: len(api.get("/workers").json()["data"]) == 2,
+        )
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait()
+        time.sleep(0.5)
+        listed = {w["name"]: w for w in api.get("/workers").json()["data"]}
+        assert listed["idle"]["left_at"] is not None
+        assert listed["killed"]["left_at"] is None
+        page = httpx.get(f"{server.url}/jobs", cookies={"tuner_token": admin}).text
+    assert f'data-worker-id="{listed["idle"]["id"]}" data-state="left"' in page
+    assert f'data-worker-id="{listed["killed"]["id"]}" data-state="silent"' in page

@@ -60,6 +60,9 @@ class RestStore:
     def register_worker(self, body: Mapping[str, Any]) -> WorkerPublic:
         return WorkerPublic.model_validate(self._call("POST", "/workers", json=dict(body)))
 
+    def leave_worker(self, worker_id: int) -> WorkerPublic:
+        return WorkerPublic.model_validate(self._call("POST", f"/workers/{worker_id}/leave"))
+
     def claim_job(self, worker_id: int, *, ranks: int) -> JobClaim | None:
         reply = self._call("POST", f"/workers/{worker_id}/claim", params={"ranks": ranks})
         return None if reply is None else JobClaim.model_validate(reply)  # 204: none queued

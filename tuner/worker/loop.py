@@ -278,6 +278,16 @@ class Worker:
     def close(self) -> None:
         self._store.close()
 
+    def leave(self) -> None:
+        """Tell the service this worker stops on purpose, so that it is shown as gone,
+        not silent. Best effort: a service that cannot be reached sees it go silent."""
+        if self.worker_id is None:
+            return
+        try:
+            self._store.leave_worker(self.worker_id)
+        except TunerError as exc:
+            self.log(f"could not say that it leaves: {exc.message}")
+
     def stop(self) -> None:
         """Claim nothing new; hand the running job back; return from :meth:`run`."""
         self._stopping.set()

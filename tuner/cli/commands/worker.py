@@ -192,6 +192,7 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
             signal.signal(number, on_signal)
     try:
         done = worker.run(max_jobs=1 if args.once else None, exit_when_idle=args.exit_when_idle)
+        worker.leave()  # not on an exception: a worker that crashed did not stop on purpose
     finally:
         worker.close()
     log(f"worker {worker.worker_id} stops after {done} job run(s)")

@@ -26,6 +26,9 @@ class WorkerPublic(BaseModel):
     device_name: str
     registered_at: datetime
     last_heartbeat_at: datetime
+    left_at: datetime | None = Field(
+        default=None, description="when it said it stops on purpose; null while it runs"
+    )
 
 
 class WorkersPublic(BaseModel):
