@@ -92,5 +92,12 @@ async def calculate(request: Request, question: dict[str, str], *, project_id: i
         return Calculation(question, error=exc.message, status=STATUS_BY_CODE.get(exc.code, 400))
     # The rows the answer read, by key: the menus select them, and every later edit of the
     # form asks about these rows, never about whatever a name resolves to then.
-    meant = {**question, "workload": answer.workload_key, "device": answer.device_key}
+    # The policy too: the menu has no blank choice, and one left unset showed none after an
+    # answer; it shows the policy the answer used.
+    meant = {
+        **question,
+        "workload": answer.workload_key,
+        "device": answer.device_key,
+        "policy": answer.policy,
+    }
     return Calculation(meant, answer=answer.model_dump(mode="json"))

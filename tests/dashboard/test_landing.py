@@ -554,6 +554,8 @@ def test_another_workload_asks_at_its_own_world_size_and_mode(tab: Tab, fleet: F
         page.select_option("#calc-workload", DDP_KEY)
     wait_for_field(page, "#calc-world", "4")  # its newest profile ran DDP at 4 ranks
     assert page.locator("#calc-parallel").input_value() == "ddp"
+    # The policy menu shows the policy the answer used (it went blank before).
+    assert page.locator("#calc-policy").input_value() == "balanced"
     assert page.locator("#calc-device").input_value() == "d" * 24
     answer = same_answer(page, fleet)
     assert (answer["profile_id"], answer["world_size"], answer["parallel"]) == (
