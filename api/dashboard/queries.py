@@ -423,11 +423,12 @@ def workload_choices(session: Session, project_id: int) -> list[Choice]:
 
 
 def device_choices(session: Session, project_id: int) -> list[Choice]:
-    """Every device of the project, named with its memory (what a reader picks a device by)."""
+    """Every device of the project, named with its memory (what a reader picks a device by),
+    smallest memory first: names sort as text, which put 128 MiB before 48."""
     rows = session.execute(
         select(_D.id, _D.name, _D.key, _D.capacity_bytes)
         .where(_D.project_id == project_id)
-        .order_by(_D.name, _D.id)
+        .order_by(_D.capacity_bytes, _D.name, _D.id)
     ).all()
     return _labelled([(r[0], f"{r[1]} · {fmt_bytes(r[3])}", r[2]) for r in rows])
 
