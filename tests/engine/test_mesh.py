@@ -127,12 +127,15 @@ def test_a_fake_world_measures_the_peak_the_real_ranks_measure(case: Case) -> No
     fake = {size: probe.peak_bytes or 0 for size, probe in probes.items()}
     for size in SIZES:
         # The same step on the same shards: the fake world's peak is the real ranks' to
-        # the byte, or below it by what a real collective keeps alive until it completes
-        # (timing-dependent: 0 at most sizes, up to one all-gathered block or activation),
-        # which the fake world counts in its footprint as one collective in flight.
+        # the byte, or below it by what real collectives keep alive until they complete
+        # (timing-dependent: 0 at most sizes, usually up to one all-gathered block or
+        # activation, which the fake world counts in its footprint as one collective in
+        # flight). FSDP issues the next all-gather before the last one's buffer is freed,
+        # so a real rank can hold a second: seen once in CI under sequence parallelism,
+        # 73,728 B above the fake world's peak where one in flight is 49,152 B.
         in_flight = probes[size].collective_copies_bytes
         assert fake[size] <= min(real[size]), (size, real[size], fake[size])
-        assert max(real[size]) - fake[size] <= in_flight, (size, real[size], fake, in_flight)
+        assert max(real[size]) - fake[size] <= 2 * in_flight, (size, real[size], fake, in_flight)
     # The mesh shrank what each rank holds: the peak grows with the batch, and not by a
     # whole model's activations (the plan splits the MLP's hidden activations).
     assert fake[SIZES[1]] > fake[SIZES[0]]
