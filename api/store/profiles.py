@@ -27,6 +27,7 @@ from tuner.answer.evidence import ProfileRow, workload_info
 from tuner.core import results
 from tuner.core.errors import ConflictError, NotFoundError
 from tuner.core.parallel import Parallel
+from tuner.core.speeds import SpeedCurve
 from tuner.core.wire.common import API_PREFIX, PageQuery
 from tuner.core.wire.devices import DeviceCreate
 from tuner.core.wire.profiles import ProfilePublic, ProfileQuery, ProfileSummary
@@ -434,6 +435,7 @@ def _profile_row(
             else None
         ),
         **variant_columns(profile),
+        speeds=profile.speeds.model_dump(mode="json") if profile.speeds else None,
         wall_time_s=profile.wall_time_s,
         world_size=profile.world_size,
         tp=profile.parallel.tp,
@@ -523,6 +525,7 @@ def to_result(row: models.Profile) -> results.Profile:
         else None,
         fit=fit,
         **variant_fields(row),
+        speeds=SpeedCurve.model_validate(row.speeds) if row.speeds else None,
         settings=results.ProbeSettings.model_validate(row.settings),
         world_size=row.world_size,
         parallel=Parallel.model_validate(row.parallel),

@@ -24,6 +24,7 @@ from datetime import datetime
 from tuner.answer.evidence import OomRow, ProfileRow
 from tuner.core.results import ProbeResult
 from tuner.core.shape import MeshShape
+from tuner.core.speeds import SpeedCurve
 
 
 def newest(profiles: Iterable[ProfileRow]) -> ProfileRow | None:
@@ -102,6 +103,12 @@ def timed(profile: ProfileRow, probes: Sequence[ProbeResult]) -> Sequence[ProbeR
     if not profile.simulated_ranks:
         return probes
     return [p.model_copy(update={"samples_per_second": None, "step_time_s": None}) for p in probes]
+
+
+def speed_curve(profile: ProfileRow, speeds: SpeedCurve | None) -> SpeedCurve | None:
+    """The speed curve an answer may compare splits by: none where one process stood for
+    the ranks of a fake world (as :func:`timed`)."""
+    return None if profile.simulated_ranks else speeds
 
 
 def speed_at_max(profile: ProfileRow, probes: Sequence[ProbeResult]) -> float:

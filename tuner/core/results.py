@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 from tuner.core.least_squares import fit_linear
 from tuner.core.parallel import Parallel
 from tuner.core.shape import MeshShape
+from tuner.core.speeds import SpeedCurve
 
 # A workload option's value, as `-o name=value` parses it.
 VariantValue = str | int | float | bool | None
@@ -255,6 +256,12 @@ class Profile(_Frozen):
         default=False,
         description="the variant its exploration chose: the fastest measured plan for the "
         "global batch (without one, the fastest at its own M*)",
+    )
+    speeds: SpeedCurve | None = Field(
+        default=None,
+        description="micro batches timed at a few sizes after M* was found, as training "
+        "runs them (tuner.core.speeds): what the answer compares splits by. None where "
+        "not timed (ranks, a fake world, --no-time-plans, profiles stored before)",
     )
     wall_time_s: float
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))

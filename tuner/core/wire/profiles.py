@@ -21,7 +21,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from tuner.core import reports, results
+from tuner.core import reports, results, speeds
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import Parallel
 from tuner.core.shape import MeshShape
@@ -98,6 +98,19 @@ class ProbeSettingsCreate(results.ProbeSettings):
     simulated_ranks: StrictBool = False
 
 
+class TimedSizeCreate(speeds.TimedSize):
+    micro_batch_size: PositiveInt32
+    seconds_per_sample: list[NonNegativeFloat] = Field(min_length=1, max_length=speeds.MAX_ROUNDS)
+
+
+class SpeedCurveCreate(speeds.SpeedCurve):
+    sizes: list[TimedSizeCreate] = Field(  # type: ignore[assignment]
+        min_length=1, max_length=speeds.MAX_TIMED_SIZES
+    )
+    optimizer_seconds: NonNegativeFloat
+    per_rank_batch_size: PositiveInt32 | None = None
+
+
 class ParallelCreate(Parallel):
     """``tuner.core.parallel.Parallel`` with strict numbers and flags."""
 
@@ -135,6 +148,7 @@ class ProfileCreate(results.Profile):
 
     world_size: PositiveInt32 = Field(default=1, description="ranks the probes ran on")
     parallel: ParallelCreate = Field(default_factory=ParallelCreate)
+    speeds: SpeedCurveCreate | None = None
 
     @model_validator(mode="after")
     def _one_entry_per_rank(self) -> ProfileCreate:
