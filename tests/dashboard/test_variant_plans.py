@@ -60,6 +60,11 @@ def test_each_variant_shows_its_plan_steps_and_timed_speed(
     # The bars are by the speed that decided: the chosen variant's is full.
     chosen = page.locator(f"#variants tr[data-profile-id='{ids[2]}'] rect.fill")
     assert chosen.get_attribute("width") == "100.0"
+    # The profile's own timed speeds, each size with its spread.
+    sizes = page.locator("#speeds tbody tr")
+    assert sizes.count() == 5
+    assert sizes.nth(0).inner_text().split() == ["1", fmt_rate(100.0), "±2%"]
+    assert page.locator("[data-spread]").count() == 1  # the calculator's expected speed
     # Every column on screen at this width: the table scrolls inside its panel, the page not.
     assert page.evaluate("() => document.documentElement.scrollWidth") <= width
     tab.check()
