@@ -37,9 +37,9 @@ EXPLORE_BELOW = 4
 
 @dataclass(frozen=True)
 class VariantOutcome:
-    """One variant: its options, its profile, its plan for ``B`` and the measured speed
-    of that plan, its fastest round (``None`` where nothing fits or no ``B`` was given),
-    with the spread of its rounds (a fraction of the speed; ``None`` when not timed)."""
+    """One variant: its options, its profile, its plan for ``B`` and that plan's speed by
+    the profile's speed curve (``None`` where nothing fits or no ``B`` was given), with
+    the spread of the timed rounds it rests on (a fraction; ``None`` without a curve)."""
 
     options: dict[str, VariantValue]
     profile: Profile
@@ -135,8 +135,8 @@ def explore(
 
 def choose(outcomes: list[VariantOutcome]) -> tuple[VariantOutcome | None, str]:
     """The variant to train, and why. The first outcome is the variant as loaded: it stays
-    unless another is faster by more than the spread of the two, measured by a timed step
-    of its plan (without a global batch, by its probe at ``M*``); when it does not fit,
+    unless another is faster by more than the spread of the two, its plan's speed by its
+    speed curve (without a global batch, by its probe at ``M*``); when it does not fit,
     the fastest that fits. ``None`` when no variant fits at all."""
     fitting = [o for o in outcomes if o.profile.max_micro_batch_size >= 1]
     fastest = max(fitting, key=_speed, default=None)
