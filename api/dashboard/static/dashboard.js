@@ -449,6 +449,28 @@
     });
   }
 
+  /* A number field of the calculator is selected whole when it is entered, so typing
+     replaces the number asked first (a question is asked by overwriting, not by editing).
+     The click that entered it must not collapse the selection on its way up. */
+  function selectOnEntry() {
+    const form = document.getElementById("calc-form");
+    if (!form) return;
+    for (const field of form.querySelectorAll("input[type=number]")) {
+      let entered = false;
+      field.addEventListener("focus", () => {
+        entered = true;
+        field.select();
+      });
+      field.addEventListener("mouseup", (event) => {
+        if (entered) event.preventDefault();
+        entered = false;
+      });
+      field.addEventListener("blur", () => {
+        entered = false;
+      });
+    }
+  }
+
   window.tunerFormat = { fmtBytes, fmtRate };
 
   function start() {
@@ -458,6 +480,7 @@
     reportHtmxErrors();
     followTheWorkload();
     answerInView();
+    selectOnEntry();
     initCharts();
   }
 
