@@ -535,13 +535,13 @@ def _told_apart(members: Sequence[Any], labels: dict[int, str]) -> list[Choice]:
 
 
 def most_profiled_workload(session: Session, project_id: int) -> str | None:
-    """The key of the project's workload with the most profiles (the newest profiled among
-    equals): what a reader with no question of their own is asked about first, since the
-    workload a team keeps profiling is the one it trains."""
+    """The key of the project's workload with the most profiles in which something fits
+    (the newest profiled among equals): what a reader with no question of their own is
+    asked about first, since the workload a team keeps profiling is the one it trains."""
     found = session.execute(
         select(_W.key)
         .join(_P, _P.workload_id == _W.id)
-        .where(_W.project_id == project_id)
+        .where(_W.project_id == project_id, _P.max_micro_batch_size > 0)
         .group_by(_W.id, _W.key)
         .order_by(func.count(_P.id).desc(), func.max(_P.received_at).desc(), _W.id.desc())
         .limit(1)

@@ -3,7 +3,8 @@ over SQLite and PostgreSQL.
 
 A team's store, as the product's commands leave it: one model profiled in one process (in
 fp32 and in bf16, workloads of the same name) and under DDP at 2, 4 and 8 ranks (the most
-profiled), and, uploaded last, a worker's job on a 48 MiB device whose M* is 2,414. A
+profiled where something fits; a model where nothing fits is profiled more), and,
+uploaded last, a worker's job on a 48 MiB device whose M* is 2,414. A
 reader with no question of their own lands on the DDP workload at a power-of-two global
 batch, not on the worker's job; a reader who asked lands on their own last question,
 carried in the URL, and never on another token's. The question the dashboard was built
@@ -17,6 +18,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
@@ -26,7 +28,7 @@ from api.db import Database
 from api.store.tokens import create_token
 from tests.api.documents import MiB, sample_profile
 from tests.dashboard.conftest import ROOT, Tab, open_tab, signed_in
-from tests.dashboard.data import T0, store
+from tests.dashboard.data import T0, nothing_fits_profile, store
 from tests.dashboard.test_landing import VIEWPORTS, ask, fits_the_width
 from tests.dashboard.test_world_sizes import DDP_KEY, ddp_profile
 from tests.services import ServerThread
@@ -58,7 +60,12 @@ def team_store(database: Database) -> Team:
         capacity_bytes=48 * MiB,
         created_at=T0,
     )
-    store(database, [one, bf16, ddp_profile(2), ddp_profile(4), ddp_profile(8), job])
+    # Profiled most of all, but nothing fits: not a question worth landing on.
+    huge = [
+        nothing_fits_profile().model_copy(update={"created_at": T0 + timedelta(minutes=i)})
+        for i in range(4)
+    ]
+    store(database, [*huge, one, bf16, ddp_profile(2), ddp_profile(4), ddp_profile(8), job])
     # Another project's model: never asked about from this one.
     store(
         database,
@@ -181,6 +188,7 @@ def test_the_workload_menu_groups_runs_by_model(viewed: Tab, team: Team) -> None
                 [DDP_KEY, "gpt-test · DDP · W = 2, 4, 8"],
             ],
         ],
+        ["huge", [["h" * 24, "huge · one process"]]],
         ["worker-job", [[JOB_KEY, "worker-job · one process"]]],
     ]
     # Devices by memory, smallest first.
