@@ -146,8 +146,24 @@ def test_series_differ_by_shape_dash_and_label_and_values_read_by_keyboard(
         for pixel in series["pixels"]:
             assert max(abs(a - b) for a, b in zip(pixel, _rgb(series["colour"]), strict=True)) < 8
 
-    # By keyboard: Tab reaches the table's summary, Enter opens it, and it holds what the
-    # chart draws.
+    # By keyboard: the chart takes focus and the arrow keys read each world size's values.
+    chart_el = page.locator(f"[data-worlds-chart='{device_id}']")
+    chart_el.focus()
+    page.keyboard.press("Home")
+    page.keyboard.press("ArrowRight")
+    readout = chart_el.locator(".chart-readout").inner_text()
+    # The second world size drawn with any value (sizes with none are skipped).
+    shown = [
+        i for i in range(len(chart["x"])) if any(v[i] is not None for v in chart["series"].values())
+    ]
+    at = shown[1]
+    assert readout.startswith(f"world size W {chart['x'][at]}: ")
+    labels = [s["label"] for s in styles]
+    for label, values in zip(labels, chart["series"].values(), strict=True):
+        assert (f"{label} {values[at]}" in readout) == (values[at] is not None), (label, readout)
+
+    # And a table: Tab reaches its summary, Enter opens it, and it holds what the chart
+    # draws.
     table = page.locator(f"table.world-values[data-device-id='{device_id}']")
     assert not table.is_visible()
     for _ in range(60):

@@ -72,6 +72,33 @@
     return { stroke: colour, width: 0, paths: () => null, points: { show: false } };
   }
 
+  /* The points by keyboard: the chart takes focus, the arrow keys (Home, End) move the
+     cursor from one world size drawn to the next, and a line under the chart reads every
+     series' value there, as the legend does on hover. */
+  function byKeyboard(el, u, data) {
+    const readout = document.createElement("p");
+    readout.className = "chart-readout";
+    readout.setAttribute("aria-live", "polite");
+    el.appendChild(readout);
+    el.tabIndex = 0;
+    el.setAttribute("aria-keyshortcuts", "ArrowLeft ArrowRight Home End");
+    const shown = data.xs.map((_x, i) => i).filter((i) => data.series.some((s) => s.values[i] !== null && s.values[i] !== undefined));
+    let at = -1;
+    el.addEventListener("keydown", (event) => {
+      const moves = { ArrowRight: at + 1, ArrowLeft: at - 1, Home: 0, End: shown.length - 1 };
+      if (!(event.key in moves) || !shown.length) return;
+      event.preventDefault();
+      at = Math.max(0, Math.min(shown.length - 1, moves[event.key]));
+      const i = shown[at];
+      const first = data.series.find((s) => s.values[i] !== null && s.values[i] !== undefined);
+      u.setCursor({ left: u.valToPos(data.xs[i], "x"), top: u.valToPos(first.values[i], "y") });
+      const values = data.series
+        .filter((s) => s.values[i] !== null && s.values[i] !== undefined)
+        .map((s) => s.label + " " + s.values[i].toLocaleString("en"));
+      readout.textContent = el.dataset.xLabel + " " + data.xs[i].toLocaleString("en") + ": " + values.join(", ");
+    });
+  }
+
   function draw(el) {
     const data = JSON.parse(el.dataset.chartData);
     const grid = cssVar("--chart-grid");
@@ -98,6 +125,7 @@
     // When, in ms since the page's navigation started: what a reader waits for the chart.
     el.dataset.drawnAt = String(Math.round(performance.now()));
     window.tunerCharts[el.dataset.estimateChart] = u;
+    byKeyboard(el, u, data);
     // The chart follows its container's width (a phone turned, a window resized).
     if (typeof ResizeObserver === "function") {
       let last = config.width;
