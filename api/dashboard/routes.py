@@ -23,7 +23,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.dashboard import calculator, queries
+from api.dashboard import calculator, memory, queries
 from api.dashboard.blocks import block_bars
 from api.dashboard.lengths import by_device
 from api.dashboard.variants import VariantRow, variant_rows
@@ -31,6 +31,7 @@ from api.dashboard.web import (
     STATIC,
     cookie_would_be_dropped,
     forget_token,
+    is_htmx,
     login_redirect,
     remember_project,
     remember_token,
@@ -198,11 +199,20 @@ def parse_list_query(params: Any) -> queries.ListQuery:
 @router.get("/")
 async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> Response:
     """The question on landing: micro batch and accumulation for a global batch, answered
-    by the recommendation route's own code. What the URL leaves out is the run of the
-    newest profile of the workload asked (of all, when none is asked): the page's script
-    sends only the fields the reader set, so another workload brings its own world size,
-    parallel mode and mesh (tp)."""
+    by the recommendation route's own code.
+
+    A page opened with no question goes to the reader's last one (:mod:`.memory`), so the
+    URL carries it and can be shared; without one, it asks about the most profiled
+    workload, at its newest profile's run and a global batch people train with
+    (:func:`calculator.default_global_batch`). What the URL leaves out is that run's: the
+    page's script sends only the fields the reader set, so another workload brings its own
+    world size, parallel mode and mesh (tp)."""
     params = request.query_params
+    given = memory.asked(params)
+    if not given and not is_htmx(request):
+        last = memory.recall(request, principal)
+        if last is not None:
+            return RedirectResponse("/?" + last, status_code=303)
 
     def read() -> tuple[queries.QuestionChoices, int]:
         with db.session() as session:
@@ -232,13 +242,13 @@ async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess)
             "tp": str(tp) if tp > 1 else "",
             "global_batch_size": str(
                 calculator.default_global_batch(
-                    newest.max_micro_batch_size, world or newest.world_size
+                    newest.max_micro_batch_size, (world or newest.world_size) // tp
                 )
             ),
         }
         question = calculator.read_question(params, defaults)
         calc = await calculator.calculate(request, question, project_id=principal.project)
-    return render(
+    response = render(
         request,
         "landing.html",
         principal=principal,
@@ -249,6 +259,11 @@ async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess)
         now=_now(),
         base_url=str(request.base_url).rstrip("/"),
     )
+    if given and calc is not None and calc.answer is not None:
+        # The workload as the answer read it (a key), so the question comes back about
+        # the same rows even when another workload is profiled more since.
+        memory.remember(response, principal, {**given, "workload": calc.question["workload"]})
+    return response
 
 
 @router.get("/profiles")

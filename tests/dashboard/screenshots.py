@@ -28,9 +28,11 @@ def main(target: Path) -> None:
         with api(fleet.url, fleet.token) as client:
             worker = register_worker(client, "gpu-box-1", "NVIDIA A100 40GB")
             register_worker(client, "gpu-box-2", "NVIDIA H100 80GB")
-            queue_job(client, "NVIDIA A100 40GB", seq_len=512)
+            # By the worker's device key: the store's profiled A100 has the same name.
+            a100 = worker["device_key"]
+            queue_job(client, a100, seq_len=512)
             fail(client, claim(client, worker["id"]), "CUDA driver 535 is too old for torch 2.13")
-            queue_job(client, "NVIDIA A100 40GB", layers=8)
+            queue_job(client, a100, layers=8)
             queue_job(client, "NVIDIA H100 80GB")
             workload_id = client.get(f"/api/v1/profiles/{fleet.ids['ddp2']}").json()["workload_id"]
         pages = {
@@ -42,6 +44,8 @@ def main(target: Path) -> None:
             "profile-variants": f"/profiles/{fleet.ids['variant1']}#variants",
             "workloads": "/workloads",
             "workload": f"/workloads/{workload_id}",
+            # Scrolled to M* against world size: DDP at 2 and 4 ranks, one process.
+            "workload-world-sizes": f"/workloads/{workload_id}#world-sizes",
             "family": "/families/" + "gpt-len".ljust(24, "f"),
             "devices": "/devices",
             "jobs": "/jobs",

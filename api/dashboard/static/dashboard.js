@@ -419,6 +419,58 @@
     });
   }
 
+  /* After Compute, the answer is brought into view below the sticky bar when it is not
+     already (on a phone the form fills the screen and the answer is under it). Only a
+     submit moves the page: an answer that follows a changed field leaves the reader
+     where they are typing. */
+  function answerInView() {
+    const form = document.getElementById("calc-form");
+    if (!form) return;
+    let pending = false;
+    // Until the reader edits the form again: the answer to a change made just before
+    // Compute may settle first, and Compute's own replaces it.
+    form.addEventListener("submit", () => {
+      pending = true;
+    });
+    form.addEventListener("input", () => {
+      pending = false;
+    });
+    document.body.addEventListener("htmx:afterSettle", () => {
+      const answer = document.getElementById("calc-answer");
+      if (!pending || !answer) return;
+      const bar = document.querySelector(".topbar");
+      const top = bar ? bar.getBoundingClientRect().bottom : 0;
+      const line = answer.querySelector(".answer-line") || answer;
+      const box = answer.getBoundingClientRect();
+      if (box.top < top || line.getBoundingClientRect().bottom > window.innerHeight) {
+        window.scrollBy({ top: box.top - top - 8, behavior: "instant" });
+      }
+      answer.dataset.inView = "true";
+    });
+  }
+
+  /* A number field of the calculator is selected whole when it is entered, so typing
+     replaces the number asked first (a question is asked by overwriting, not by editing).
+     The click that entered it must not collapse the selection on its way up. */
+  function selectOnEntry() {
+    const form = document.getElementById("calc-form");
+    if (!form) return;
+    for (const field of form.querySelectorAll("input[type=number]")) {
+      let entered = false;
+      field.addEventListener("focus", () => {
+        entered = true;
+        field.select();
+      });
+      field.addEventListener("mouseup", (event) => {
+        if (entered) event.preventDefault();
+        entered = false;
+      });
+      field.addEventListener("blur", () => {
+        entered = false;
+      });
+    }
+  }
+
   window.tunerFormat = { fmtBytes, fmtRate };
 
   function start() {
@@ -427,6 +479,8 @@
     document.body.addEventListener("htmx:afterSettle", hintWideTables);
     reportHtmxErrors();
     followTheWorkload();
+    answerInView();
+    selectOnEntry();
     initCharts();
   }
 
