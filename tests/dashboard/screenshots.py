@@ -26,11 +26,11 @@ def main(target: Path) -> None:
         fleet_of = _fleet(f"sqlite:///{Path(directory) / 'tuner.db'}", "sqlite")
         fleet = next(fleet_of)
         with api(fleet.url, fleet.token) as client:
-            worker = register_worker(client, "gpu-box-1", "NVIDIA A100 40GB")
+            worker = register_worker(client, "gpu-box-1", "NVIDIA A100 80GB")
             register_worker(client, "gpu-box-2", "NVIDIA H100 80GB")
-            queue_job(client, "NVIDIA A100 40GB", seq_len=512)
+            queue_job(client, "NVIDIA A100 80GB", seq_len=512)
             fail(client, claim(client, worker["id"]), "CUDA driver 535 is too old for torch 2.13")
-            queue_job(client, "NVIDIA A100 40GB", layers=8)
+            queue_job(client, "NVIDIA A100 80GB", layers=8)
             queue_job(client, "NVIDIA H100 80GB")
             workload_id = client.get(f"/api/v1/profiles/{fleet.ids['ddp2']}").json()["workload_id"]
         pages = {
@@ -45,6 +45,8 @@ def main(target: Path) -> None:
             "family": "/families/" + "gpt-len".ljust(24, "f"),
             "devices": "/devices",
             "jobs": "/jobs",
+            "failures": "/failures",
+            "compare": f"/compare?a={fleet.ids['one']}&b={fleet.ids['ddp2']}",
             "not-found": "/no/such/page",
         }
         with sync_playwright() as playwright:
