@@ -29,6 +29,7 @@ from playwright.sync_api import Browser, Page
 from sqlalchemy import select, update
 
 from api import migrate, models
+from api.dashboard import queries
 from api.config import ServiceSettings
 from api.db import Database
 from api.main import create_app
@@ -583,9 +584,22 @@ def test_the_profile_list_downloads_as_csv_and_json(tab: Tab, failing: Store) ->
     assert rows[0]["variant"] == "{}"
 
 
-def test_a_download_is_bounded_whatever_the_query(tab: Tab, failing: Store) -> None:
+def test_a_download_is_bounded_whatever_the_query(
+    tab: Tab, failing: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The service runs in this process: a bound of 2 stands for the real one (1,000).
+    monkeypatch.setattr(queries, "EXPORT_LIMIT", 2)
     with api(failing.url, failing.token) as client:
-        response = client.get("/profiles.json?size=1000000&page=7")
-    # The list's sizes are the page's menu; a download ignores the page and is bounded.
-    assert response.status_code == 422
-    assert "profiles a page" in response.text
+        failures = client.get("/failures.json?page=2").json()
+        profiles = client.get("/profiles.json?size=200&page=2").json()
+        as_csv = client.get("/failures.csv")
+        refused = client.get("/profiles.json?size=1000000")
+    # Every page from the first, cut at the bound; count says how many match.
+    assert len(failures["data"]) == 2
+    assert failures["count"] == 9
+    assert len(profiles["data"]) == 2
+    assert profiles["count"] == 3  # this project's three; the other project's is not listed
+    assert len(list(csv.DictReader(io.StringIO(as_csv.text)))) == 2
+    # A size the page never offers is refused, as on the page.
+    assert refused.status_code == 422
+    assert "profiles a page" in refused.text
