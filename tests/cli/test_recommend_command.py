@@ -1,7 +1,7 @@
 """``recommend_command`` round-trips: the ``tuner recommend`` command it writes for an
 answer, run against the same service (the real one, under uvicorn, over a SQLite file),
 prints that same answer. Over the shapes a question takes: one process, a DDP run asked
-without its mode, a 2-D mesh (tp), a sequence length between the measured ones, each
+without its mode, a 2-D mesh (tp), a sequence length of a length family, each
 policy, a world size never measured."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,30 +19,12 @@ from api.db import Database
 from tests.api.conftest import service_over_sqlite
 from tests.api.documents import sample_profile
 from tests.core.test_mesh_worlds import load
-from tests.dashboard.data import T0, store
+from tests.dashboard.data import store
+from tests.dashboard.test_landing import length_profiles
 from tests.dashboard.test_world_sizes import DDP_KEY, ddp_profile
 from tests.services import ServerThread
 from tuner.cli import main
-from tuner.core.results import Profile
 from tuner.core.wire.recommendation import RecommendationPublic, recommend_command
-
-LENGTHS = (64, 256)
-
-
-def _lengths() -> list[Profile]:
-    profiles = []
-    for index, seq_len in enumerate(LENGTHS):
-        base = sample_profile(
-            max_micro_batch_size=16 // (index + 1),
-            workload_key=f"len{seq_len}".ljust(24, "l"),
-            workload_name="gpt-len",
-            created_at=T0 + timedelta(days=2, minutes=index),
-        )
-        info = base.workload.model_copy(
-            update={"seq_len": seq_len, "length_family": "gpt-len".ljust(24, "f")}
-        )
-        profiles.append(base.model_copy(update={"workload": info}))
-    return profiles
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +32,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThr
     directory = tmp_path_factory.mktemp("recommend-command")
     with service_over_sqlite(directory) as (server, token):
         database = Database(f"sqlite:///{directory / 'tuner.db'}")
-        profiles = [sample_profile(), ddp_profile(2), ddp_profile(4), *_lengths()]
+        profiles = [sample_profile(), ddp_profile(2), ddp_profile(4), *length_profiles()]
         profiles += [load(4, 2), load(8, 2), load(4, 1)]
         store(database, profiles)
         database.dispose()
@@ -68,7 +49,7 @@ QUESTIONS: dict[str, dict[str, Any]] = {
     "ddp at 8, estimated": {"workload": DDP_KEY, "global_batch_size": 128, "world_size": 8},
     "a 2 x 2 mesh": {"workload": MESH, "global_batch_size": 1024, "world_size": 4, "tp": 2},
     "a 4 x 2 mesh": {"workload": MESH, "global_batch_size": 1024, "world_size": 8, "tp": 2},
-    "a length between": {"workload": "len64".ljust(24, "l"), "global_batch_size": 64,
+    "a measured length": {"workload": "len64".ljust(24, "l"), "global_batch_size": 64,
                          "seq_len": 128},
 }  # fmt: skip
 
