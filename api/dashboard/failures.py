@@ -143,8 +143,8 @@ class FailureList:
     workloads: list[Choice]
     devices: list[Choice]
 
-    def pages(self) -> int:
-        return max(1, -(-self.count // PAGE_SIZE))
+    def pages(self, size: int) -> int:
+        return max(1, -(-self.count // size))
 
 
 _R = models.OomReport
@@ -248,7 +248,7 @@ def list_failures(
     project_id: int,
     now: datetime,
     silent_after: timedelta,
-    limit: int = PAGE_SIZE,
+    limit: int,
     page: int | None = None,
 ) -> FailureList:
     """One page (``limit`` rows) of the project's failures, newest first, how many match,

@@ -24,12 +24,10 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.dashboard import calculator, queries
+from api.dashboard import calculator, failures, queries
 from api.dashboard.blocks import block_bars
 from api.dashboard.compare import Candidate, candidates, compare, memory_parts
 from api.dashboard.downloads import FORMATS, Format, download
-from api.dashboard.failures import FIELDS as FAILURE_FIELDS
-from api.dashboard.failures import PAGE_SIZE as FAILURES_PAGE_SIZE
 from api.dashboard.failures import SHOWS, SINCE, SINCE_LABELS, FailureQuery, list_failures
 from api.dashboard.lengths import by_device
 from api.dashboard.variants import VariantRow, variant_rows
@@ -455,6 +453,7 @@ def failures_page(
             project_id=principal.project,
             now=now,
             silent_after=_silent_after(settings),
+            limit=failures.PAGE_SIZE,
         )
     return render(
         request,
@@ -464,7 +463,7 @@ def failures_page(
         listing=listing,
         shows=SHOWS,
         since_labels=SINCE_LABELS,
-        page_size=FAILURES_PAGE_SIZE,
+        page_size=failures.PAGE_SIZE,
         export_limit=queries.EXPORT_LIMIT,
         now=now,
     )
@@ -489,7 +488,7 @@ def failures_download(
         )
     return download(
         [row.record() for row in listing.rows],
-        fields=FAILURE_FIELDS,
+        fields=failures.FIELDS,
         count=listing.count,
         name="failures",
         form=shown,

@@ -29,10 +29,11 @@ from playwright.sync_api import Browser, Page
 from sqlalchemy import select, update
 
 from api import migrate, models
-from api.dashboard import queries
 from api.config import ServiceSettings
+from api.dashboard import failures, queries
 from api.db import Database
 from api.main import create_app
+from api.store.tokens import create_token
 from tests.api.conftest import fresh_postgres_database, make_token
 from tests.api.documents import sample_probe, sample_profile
 from tests.dashboard.conftest import Tab, signed_in
@@ -296,6 +297,42 @@ def test_the_failures_filters_narrow_and_live_in_the_url(tab: Tab, failing: Stor
     assert response is not None
     assert response.status == 422
     assert "use one of day, week, month, all" in page.locator(".error-box").inner_text()
+
+
+def test_another_projects_failures_are_not_listed(tab: Tab, failing: Store) -> None:
+    database = Database(failing.database_url)
+    with database.session(write=True) as session:
+        _, other = create_token(session, name="team-b", scopes=["read"], project="other")
+    database.dispose()
+    tab.page.context.clear_cookies()
+    page = signed_in(tab, other).open("/failures")
+    assert page.locator("#project-name").inner_text() == "other"
+    # Its one profile ran no probe out of memory: this project has nothing to show.
+    assert page.locator("#failures-table").count() == 0
+    assert "No failures" in page.locator("#empty-failures").inner_text()
+    assert page.locator("#downloads").count() == 0
+    with api(failing.url, other) as client:
+        assert client.get("/failures.json").json() == {"data": [], "count": 0}
+
+
+def test_the_failures_page_in_pages(
+    tab: Tab, failing: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The service runs in this process: pages of 4 stand for the real 50.
+    monkeypatch.setattr(failures, "PAGE_SIZE", 4)
+    with api(failing.url, failing.token) as client:
+        everything = [(r["kind"], r["id"]) for r in client.get("/failures.json").json()["data"]]
+    assert len(everything) == 9
+    page = tab.open("/failures?show=all")
+    assert listed(page) == everything[:4]
+    page.click("a[data-page=next]")
+    page.wait_for_url("**/failures?page=2")
+    assert listed(page) == everything[4:8]
+    assert page.locator("#failure-count").inner_text().startswith("5–8 of 9")
+    page = tab.open("/failures?page=3")
+    assert listed(page) == everything[8:]
+    page = tab.open("/failures?page=4")
+    assert "past the end" in page.locator("#failures").inner_text()
 
 
 def test_every_page_links_the_failures(tab: Tab, failing: Store) -> None:
@@ -590,13 +627,13 @@ def test_a_download_is_bounded_whatever_the_query(
     # The service runs in this process: a bound of 2 stands for the real one (1,000).
     monkeypatch.setattr(queries, "EXPORT_LIMIT", 2)
     with api(failing.url, failing.token) as client:
-        failures = client.get("/failures.json?page=2").json()
+        failed = client.get("/failures.json?page=2").json()
         profiles = client.get("/profiles.json?size=200&page=2").json()
         as_csv = client.get("/failures.csv")
         refused = client.get("/profiles.json?size=1000000")
     # Every page from the first, cut at the bound; count says how many match.
-    assert len(failures["data"]) == 2
-    assert failures["count"] == 9
+    assert len(failed["data"]) == 2
+    assert failed["count"] == 9
     assert len(profiles["data"]) == 2
     assert profiles["count"] == 3  # this project's three; the other project's is not listed
     assert len(list(csv.DictReader(io.StringIO(as_csv.text)))) == 2
