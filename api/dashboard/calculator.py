@@ -24,7 +24,7 @@ from api.errors import STATUS_BY_CODE, describe_invalid
 from tuner.core import plan
 from tuner.core.errors import TunerError
 from tuner.core.parallel import PARALLEL_MODES
-from tuner.core.wire.recommendation import RecommendationQuery
+from tuner.core.wire.recommendation import RecommendationQuery, recommend_command
 
 # What the calculator's form asks, named as the API's query parameters are, so that the
 # page's URL carries the question and the API answers the same query string.
@@ -51,6 +51,7 @@ class Calculation:
     answer: dict[str, Any] | None = None
     error: str | None = None
     status: int = 200  # the status GET /api/v1/recommendation gives this question
+    command: str | None = None  # the `tuner recommend` command that gives the same answer
 
     @property
     def query_string(self) -> str:
@@ -110,4 +111,6 @@ async def calculate(request: Request, question: dict[str, str], *, project_id: i
         "device": answer.device_key,
         "policy": answer.policy,
     }
-    return Calculation(meant, answer=answer.model_dump(mode="json"))
+    return Calculation(
+        meant, answer=answer.model_dump(mode="json"), command=recommend_command(answer)
+    )

@@ -32,9 +32,49 @@ SortKey = Literal["created", "mstar", "headroom", "workload", "device"]
 SORT_KEYS: tuple[SortKey, ...] = ("created", "mstar", "headroom", "workload", "device")
 PAGE_SIZES = (25, 50, 100, 200)
 DEFAULT_PAGE_SIZE = 50
+# A download of the list holds at most this many rows, whatever the filters.
+EXPORT_LIMIT = 1000
+PROFILE_FIELDS = (
+    "id",
+    "workload_id",
+    "workload_key",
+    "workload_name",
+    "device_id",
+    "device_key",
+    "device_name",
+    "created_at",
+    "max_micro_batch_size",
+    "headroom",
+    "budget_bytes",
+    "size_cap",
+    "world_size",
+    "parallel_mode",
+    "tp",
+    "seq_len",
+    "variant",
+    "capacity_bytes",
+    "footprint_bytes",
+    "free_bytes",
+    "samples_per_second",
+    "status",
+    "oom_limit",
+)
 
 
 # The profile list
+
+
+def query_string(
+    values: dict[str, Any], changes: dict[str, Any], defaults: dict[str, Any]
+) -> dict[str, str]:
+    """A list's query string: ``values`` with ``changes``, unset and default ones left out
+    (so a shared URL names only what was chosen)."""
+    merged = {**values, **changes}
+    return {
+        name: str(value)
+        for name, value in merged.items()
+        if value is not None and defaults.get(name) != value
+    }
 
 
 @dataclass(frozen=True)
@@ -64,13 +104,8 @@ class ListQuery:
             "page": self.page,
             "size": self.size,
         }
-        values.update(changes)
         defaults = {"sort": "created", "order": "desc", "page": 1, "size": DEFAULT_PAGE_SIZE}
-        return {
-            name: str(value)
-            for name, value in values.items()
-            if value is not None and defaults.get(name) != value
-        }
+        return query_string(values, changes, defaults)
 
 
 @dataclass(frozen=True)
@@ -106,6 +141,35 @@ class ProfileRow:
     seq_len: int | None = None
     tp: int = 1  # the mesh's tensor-parallel degree (world_size / tp × tp); 1 without one
     simulated_ranks: bool = False  # a fake world's: memory measured, speed not
+
+    def record(self) -> dict[str, Any]:
+        """The row for the list's downloads: the JSON API's names where it has the field
+        (``GET /api/v1/profiles``), then what the page adds (footprint, speed, status)."""
+        return {
+            "id": self.id,
+            "workload_id": self.workload_id,
+            "workload_key": self.workload_key,
+            "workload_name": self.workload_name,
+            "device_id": self.device_id,
+            "device_key": self.device_key,
+            "device_name": self.device_name,
+            "created_at": self.created_at.isoformat(),
+            "max_micro_batch_size": self.max_micro_batch_size,
+            "headroom": self.headroom,
+            "budget_bytes": self.budget_bytes,
+            "size_cap": self.size_cap,
+            "world_size": self.world_size,
+            "parallel_mode": self.parallel_mode,
+            "tp": self.tp,
+            "seq_len": self.seq_len,
+            "variant": self.variant,
+            "capacity_bytes": self.capacity_bytes,
+            "footprint_bytes": self.footprint_bytes,
+            "free_bytes": self.free_bytes,
+            "samples_per_second": self.samples_per_second,
+            "status": self.status.code,
+            "oom_limit": self.oom_limit,
+        }
 
     @property
     def free_bytes(self) -> int | None:

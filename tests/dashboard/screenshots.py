@@ -26,7 +26,7 @@ def main(target: Path) -> None:
         fleet_of = _fleet(f"sqlite:///{Path(directory) / 'tuner.db'}", "sqlite")
         fleet = next(fleet_of)
         with api(fleet.url, fleet.token) as client:
-            worker = register_worker(client, "gpu-box-1", "NVIDIA A100 40GB")
+            worker = register_worker(client, "gpu-box-1", "NVIDIA A100 80GB")
             register_worker(client, "gpu-box-2", "NVIDIA H100 80GB")
             # By the worker's device key: the store's profiled A100 has the same name.
             a100 = worker["device_key"]
@@ -49,6 +49,8 @@ def main(target: Path) -> None:
             "family": "/families/" + "gpt-len".ljust(24, "f"),
             "devices": "/devices",
             "jobs": "/jobs",
+            "failures": "/failures",
+            "compare": f"/compare?a={fleet.ids['one']}&b={fleet.ids['ddp2']}",
             "not-found": "/no/such/page",
         }
         with sync_playwright() as playwright:

@@ -84,6 +84,18 @@ def profile_cap(profile: ProfileRow, reports: Iterable[OomRow]) -> int | None:
     return oom_cap(reports, profile.workload_id, profile.device_id, since=profile.received_at)
 
 
+def capped_profile(report: OomRow, profiles: Iterable[ProfileRow]) -> ProfileRow | None:
+    """The profile a report caps, to point a reader at: the one its plan came from when
+    the reporter said, else the pair's newest received before the report (what answers
+    were read from when training ran out of memory); ``None`` where the pair had none."""
+    pair = of_pair(profiles, report.workload_id, report.device_id)
+    if report.profile_id is not None:
+        named = [p for p in pair if p.id == report.profile_id]
+        if named:
+            return named[0]
+    return newest(p for p in pair if p.received_at < report.created_at)
+
+
 def footprint(probe: ProbeResult | None) -> int | None:
     """Reserved peak + memory outside torch + CPU collective copies; ``None`` when the
     probe did not finish (or there is none)."""

@@ -471,7 +471,48 @@
     }
   }
 
-  window.tunerFormat = { fmtBytes, fmtRate };
+  /* A button with data-copy="ID" copies the text of element ID exactly (a command to
+     paste in a shell); the line beside it says whether it did. Delegated from the body, so
+     a part htmx swaps in works too. */
+  function copyButtons() {
+    document.body.addEventListener("click", async (event) => {
+      const button = event.target.closest("[data-copy]");
+      if (!button) return;
+      const source = document.getElementById(button.dataset.copy);
+      const status = document.getElementById(button.getAttribute("aria-describedby"));
+      if (!source) return;
+      const text = source.textContent;
+      try {
+        await navigator.clipboard.writeText(text);
+        button.dataset.copied = text;
+        if (status) status.textContent = "Copied.";
+      } catch (_err) {
+        // No clipboard (a page over plain HTTP, a refused permission): select the text,
+        // so that the reader's own copy takes it.
+        const range = document.createRange();
+        range.selectNodeContents(source);
+        const selection = window.getSelection();
+        selection.removeAllRanges();
+        selection.addRange(range);
+        if (status) status.textContent = "Selected: copy it with Ctrl+C (⌘C).";
+      }
+    });
+  }
+
+  /* A filter form marked data-drop-empty leaves its unset fields (the "all" choices) out
+     of the URL it asks and pushes, so a shared link names only the filters set. */
+  function dropEmptyFields() {
+    document.body.addEventListener("htmx:configRequest", (event) => {
+      const form = event.detail.elt.closest && event.detail.elt.closest("form[data-drop-empty]");
+      if (!form) return;
+      const parameters = event.detail.parameters;
+      for (const name of Object.keys(parameters)) {
+        if (parameters[name] === "") delete parameters[name];
+      }
+    });
+  }
+
+  window.tunerFormat = { fmtBytes, fmtBytesTick, fmtRate, BYTE_INCRS };
 
   function start() {
     hintWideTables();
@@ -481,6 +522,8 @@
     followTheWorkload();
     answerInView();
     selectOnEntry();
+    copyButtons();
+    dropEmptyFields();
     initCharts();
   }
 

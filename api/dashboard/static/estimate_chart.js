@@ -5,8 +5,10 @@
    api/dashboard/lengths.py, with the fits the recommendation endpoint answers with) and puts
    them in data-chart-data: {xs, series: [{key, label, values, colour, shape, dash}]}. A
    series whose key ends in "-estimated" is a line in its dash; the others are points in
-   their shape. The element names
-   its axes (data-x-label, data-y-label; data-x-steps, a JSON list of tick steps, optional).
+   their shape. A series with `line` ("solid" or "dashed") is a line through markers
+   (`marker`: "circle" or "square"). The element names its axes (data-x-label,
+   data-y-label; data-x-steps, a JSON list of tick steps, optional; data-y-unit="bytes"
+   for memory).
    Each chart's uPlot instance is kept in window.tunerCharts[<data-estimate-chart>], so tests
    can read exactly what was drawn. */
 (function () {
@@ -47,7 +49,7 @@
       const ctx = u.ctx;
       const r = 5 * (window.devicePixelRatio || 1);
       data.series.forEach((s, i) => {
-        if (s.key.endsWith("-estimated")) return;
+        if (s.key.endsWith("-estimated") || s.line) return;
         ctx.save();
         ctx.fillStyle = cssVar(s.colour);
         ctx.strokeStyle = cssVar("--panel") || "#fff";
@@ -63,8 +65,31 @@
     };
   }
 
+  /* Square markers: with a dashed line, what tells a series apart without its colour. */
+  function squares(u, seriesIdx, idx0, idx1) {
+    const s = u.series[seriesIdx];
+    const side = s.points.size * uPlot.pxRatio;
+    const xs = u.data[0];
+    const ys = u.data[seriesIdx];
+    const path = new Path2D();
+    for (let i = idx0; i <= idx1; i++) {
+      if (ys[i] === null || ys[i] === undefined) continue;
+      const x = u.valToPos(xs[i], "x", true);
+      const y = u.valToPos(ys[i], s.scale, true);
+      path.rect(x - side / 2, y - side / 2, side, side);
+    }
+    return { stroke: path, fill: path };
+  }
+
   function style(series) {
     const colour = cssVar(series.colour || "--chart-fit");
+    if (series.line) {
+      // A series that says how it is drawn: a line (solid or dashed) through markers
+      // (circles or squares), so that two series differ in more than colour.
+      const points = { show: true, size: 9, width: 2, stroke: colour, fill: colour };
+      if (series.marker === "square") points.paths = squares;
+      return { stroke: colour, width: 2, dash: series.line === "dashed" ? [7, 5] : undefined, points, spanGaps: true };
+    }
     if (series.key.endsWith("-estimated")) {
       return { stroke: colour, width: 1.5, dash: series.dash || [6, 4], points: { show: false }, spanGaps: true };
     }
@@ -109,12 +134,16 @@
       return { width, height: width < 560 ? 200 : 260 };
     };
     const xAxis = el.dataset.xSteps ? { incrs: JSON.parse(el.dataset.xSteps) } : {};
+    // data-y-unit="bytes": memory, in binary units (dashboard.js's format).
+    const bytes = el.dataset.yUnit === "bytes" && window.tunerFormat;
+    const count = (t) => (Number.isInteger(t) ? t.toLocaleString("en") : "");
+    const yAxis = bytes ? { values: (_u, ticks) => ticks.map(window.tunerFormat.fmtBytesTick), incrs: window.tunerFormat.BYTE_INCRS, size: 78 } : { values: (_u, ticks) => ticks.map(count) };
     // A little room either side, so that the first and last points are not cut in half.
     const pad = (min, max) => Math.max(0.5, (max - min) * 0.02);
     const config = Object.assign(size(), {
       scales: { x: { time: false, range: (_u, min, max) => [min - pad(min, max), max + pad(min, max)] }, y: { range: (_u, _min, max) => [0, (max || 1) * 1.1] } },
-      axes: [axis(el.dataset.xLabel, xAxis), axis(el.dataset.yLabel, { values: (_u, ticks) => ticks.map((t) => (Number.isInteger(t) ? t.toLocaleString("en") : "")) })],
-      series: [{ label: el.dataset.xLabel }].concat(data.series.map((s) => Object.assign({ label: s.label }, style(s)))),
+      axes: [axis(el.dataset.xLabel, xAxis), axis(el.dataset.yLabel, yAxis)],
+      series: [{ label: el.dataset.xLabel }].concat(data.series.map((s) => Object.assign({ label: s.label }, bytes ? { value: (_u, v) => (v === null || v === undefined ? "—" : window.tunerFormat.fmtBytes(v)) } : {}, style(s)))),
       legend: { live: true },
       hooks: { draw: [drawMarkers(data)] },
     });
@@ -152,6 +181,8 @@
     }
   }
 
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
-  else start();
+  // On DOMContentLoaded, which follows every deferred script: dashboard.js, loaded after
+  // this one, has set window.tunerFormat by then.
+  if (document.readyState === "complete") start();
+  else document.addEventListener("DOMContentLoaded", start);
 })();
