@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.dashboard import calculator, queries
 from api.dashboard.blocks import block_bars
 from api.dashboard.lengths import by_device
+from api.dashboard.timeline import timeline_view
 from api.dashboard.variants import VariantRow, variant_rows
 from api.dashboard.web import (
     STATIC,
@@ -335,6 +336,7 @@ async def profile_page(
         peak_phase=located_parts.peak_phase if located_parts else None,
         outside_blocks=OUTSIDE_BLOCKS,
         variants=variants,
+        timeline=timeline_view(probe),
         calc=calc,
         now=_now(),
     )

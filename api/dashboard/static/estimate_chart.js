@@ -48,32 +48,8 @@
     el.dataset.series = JSON.stringify(data.series.map((s) => s.key));
     el.dataset.drawn = "true";
     window.tunerCharts[el.dataset.estimateChart] = u;
-    // The chart follows its container's width (a phone turned, a window resized).
-    if (typeof ResizeObserver === "function") {
-      let last = config.width;
-      new ResizeObserver(() => {
-        const next = size();
-        if (Math.abs(next.width - last) > 2) {
-          last = next.width;
-          u.setSize(next);
-        }
-      }).observe(el);
-    }
+    window.tunerFollowWidth(el, u, size);
   }
 
-  function start() {
-    window.tunerCharts = window.tunerCharts || {};
-    for (const el of document.querySelectorAll("[data-estimate-chart]")) {
-      try {
-        if (typeof uPlot !== "function") throw new Error("the chart library did not load");
-        draw(el);
-      } catch (err) {
-        el.dataset.error = "true";
-        el.replaceChildren(Object.assign(document.createElement("p"), { className: "chart-status error", textContent: "Cannot draw this chart: " + err.message }));
-      }
-    }
-  }
-
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
-  else start();
+  window.tunerDrawCharts("[data-estimate-chart]", draw);
 })();
