@@ -78,13 +78,17 @@
       ctx.beginPath();
       ctx.arc(x, y, 6 * devicePixelRatio, 0, 2 * Math.PI);
       ctx.stroke();
-      ctx.fillStyle = cssVar("--chart-capacity");
       ctx.font = "bold " + Math.round(11 * devicePixelRatio) + "px system-ui, sans-serif";
       const text = "peak " + fmtBytes(data.peak.y);
       const width = ctx.measureText(text).width;
       const right = u.bbox.left + u.bbox.width;
-      ctx.textAlign = x + width + 12 > right ? "right" : "left";
-      ctx.fillText(text, ctx.textAlign === "right" ? x - 10 : x + 10, Math.max(u.bbox.top + 14, y - 4));
+      const left = x + width + 12 > right ? x - 10 - width : x + 10;
+      const baseline = Math.max(u.bbox.top + 14 * devicePixelRatio, y - 4);
+      // On the panel's colour, so that the line under it does not cross the words.
+      ctx.fillStyle = cssVar("--panel");
+      ctx.fillRect(left - 2, baseline - 12 * devicePixelRatio, width + 4, 15 * devicePixelRatio);
+      ctx.fillStyle = cssVar("--chart-capacity");
+      ctx.fillText(text, left, baseline);
       ctx.restore();
     };
   }
