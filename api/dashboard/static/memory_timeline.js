@@ -48,6 +48,7 @@
       ctx.save();
       ctx.font = Math.round(11 * devicePixelRatio) + "px system-ui, sans-serif";
       ctx.textBaseline = "top";
+      ctx.textAlign = "left";
       for (const p of data.phases) {
         const left = u.valToPos(p.start, "x", true);
         const right = u.valToPos(p.end, "x", true);
@@ -79,6 +80,7 @@
       ctx.arc(x, y, 6 * devicePixelRatio, 0, 2 * Math.PI);
       ctx.stroke();
       ctx.font = "bold " + Math.round(11 * devicePixelRatio) + "px system-ui, sans-serif";
+      ctx.textAlign = "left"; // uPlot leaves its axes' alignment on the context
       const text = "peak " + fmtBytes(data.peak.y);
       const width = ctx.measureText(text).width;
       const right = u.bbox.left + u.bbox.width;
