@@ -39,6 +39,10 @@ def test_the_probe_at_the_answer_keeps_the_timeline_of_its_step(searched: Profil
     assert at is not None
     assert at.fits
     assert at.timeline is not None
+    # Weights and optimizer state stay live through the whole step: no point is below them.
+    assert at.breakdown is not None
+    resident = at.breakdown.parameters_bytes + at.breakdown.optimizer_state_bytes
+    assert min(at.timeline.live_bytes) >= resident
     # Only the answering probe keeps one: the others would only make the profile larger.
     assert [p for p in profile.probes if p.timeline is not None] == [at]
     timeline = at.timeline
