@@ -12,7 +12,8 @@ from tuner.core.timeline import MemoryTimeline, PhaseSpan
 
 @dataclass(frozen=True)
 class PhaseRow:
-    """One phase of the step with the highest live bytes reached in it."""
+    """One phase of the step with the highest of its points kept (a fold keeps each
+    stretch's extremes, and a stretch may straddle two phases: the step's peak is exact)."""
 
     label: str
     phase: str

@@ -117,7 +117,7 @@ class CudaBackend(Backend):
         gc.collect()
         torch.cuda.reset_peak_memory_stats(self.device)
         retries_before = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
-        start_bytes = torch.cuda.memory_allocated(self.device)
+        start_bytes = torch.cuda.memory_allocated(self.device) if timeline else 0
         if timeline:
             self._start_history()
         try:
