@@ -106,7 +106,10 @@ class MemoryTimeline(BaseModel):
         if any(len(name) > MAX_OPERATOR_NAME for name in self.operators):
             return f"operator names must be at most {MAX_OPERATOR_NAME} characters"
         if self.peak_bytes != max(self.live_bytes):
-            return f"peak_bytes {self.peak_bytes} is not the highest point {max(self.live_bytes)}"
+            return (
+                f"peak_bytes {self.peak_bytes} is not the highest point {max(self.live_bytes)}: "
+                "send peak_bytes as max(live_bytes)"
+            )
         last = 0
         for span in self.phases:
             if span.start < last or span.end < span.start or span.end > self.length:
