@@ -46,6 +46,9 @@ class FakeHistory(FakeAllocator):
         )
         monkeypatch.setattr(cuda.memory, "_record_memory_history", self._record)
         monkeypatch.setattr(cuda.memory, "_snapshot", self._snapshot)
+        monkeypatch.setattr(
+            torch._C, "_cuda_isHistoryEnabled", lambda: self.recording is not None, raising=False
+        )
 
     def _record(self, enabled: str | None = "all", **options: Any) -> None:
         self.recording = enabled
@@ -180,3 +183,15 @@ def test_without_a_timeline_no_history_is_recorded(fake: FakeHistory) -> None:
     assert fake.recording is None
     assert fake.trace == []
     assert reading.timeline is None
+
+
+def test_a_history_the_user_records_is_left_alone(fake: FakeHistory) -> None:
+    fake._record("all", max_entries=1_000, context="all", stacks="all")
+    fake.alloc(MiB, "the user's own")
+    backend = CudaBackend()
+    with backend.track([], timeline=True) as reading:
+        one_step(backend, fake, reading)
+    assert reading.timeline is None  # theirs is not cleared, nor turned off
+    assert fake.recording == "all"
+    assert fake.options["context"] == "all"
+    assert fake.trace[0]["frames"][0]["name"] == "the user's own"

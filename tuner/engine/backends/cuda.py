@@ -117,6 +117,8 @@ class CudaBackend(Backend):
         gc.collect()
         torch.cuda.reset_peak_memory_stats(self.device)
         retries_before = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
+        # A memory history the user is recording is theirs: never cleared nor turned off.
+        timeline = timeline and not _history_enabled()
         start_bytes = torch.cuda.memory_allocated(self.device) if timeline else 0
         if timeline:
             self._start_history()
@@ -189,3 +191,10 @@ class CudaBackend(Backend):
         torch.cuda.reset_peak_memory_stats(self.device)
         if self._history_start is not None:
             self._phase_marks.append((phase, self._allocator_events()))
+
+
+def _history_enabled() -> bool:
+    """Whether torch's memory history is being recorded already (by the user's own code).
+    CUDA builds of torch have the query; where it is missing nothing can be recording."""
+    enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+    return bool(enabled()) if enabled is not None else False
