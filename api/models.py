@@ -261,6 +261,9 @@ class Probe(Base):
     steps_run: Mapped[int] = mapped_column(Integer)
     wall_time_s: Mapped[float] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
+    # Live bytes over the measured step (``tuner.core.timeline``, at most ~96 KB as JSON),
+    # kept for the probe at M*; none for the other probes and for rows stored before 0018.
+    timeline: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     profile: Mapped[Profile] = relationship(back_populates="probes")
 

@@ -30,6 +30,7 @@ from api.dashboard.compare import Candidate, candidates, compare, memory_parts
 from api.dashboard.downloads import FORMATS, Format, download
 from api.dashboard.failures import SHOWS, SINCE, SINCE_LABELS, FailureQuery, list_failures
 from api.dashboard.lengths import by_device
+from api.dashboard.timeline import timeline_view
 from api.dashboard.variants import VariantRow, variant_rows
 from api.dashboard.web import (
     STATIC,
@@ -384,6 +385,7 @@ async def profile_page(
         outside_blocks=OUTSIDE_BLOCKS,
         variants=variants,
         compare_with=others,
+        timeline=timeline_view(probe),
         calc=calc,
         now=_now(),
     )

@@ -70,10 +70,13 @@ class Prober:
         settings: ProbeSettings | None = None,
         rank: int = 0,
         locate: bool = False,
+        timeline: bool = False,
     ) -> None:
         self.workload = workload
         # Whether measured steps file saved activations under their blocks (tuner.engine.peak).
         self.locate = locate
+        # Whether measured steps record live bytes over time (tuner.engine.timeline).
+        self.timeline = timeline
         self.backend = backend
         self.settings = settings or ProbeSettings()
         self.headroom = headroom
@@ -155,6 +158,7 @@ class Prober:
             samples_per_second=samples / outcome.step_time_s if outcome.step_time_s > 0 else None,
             steps_run=progress.steps,
             wall_time_s=time.perf_counter() - started,
+            timeline=reading.timeline,
         )
 
     def _run(self, size: int, progress: _Progress, enforce_capacity: bool) -> _StepsOutcome:
@@ -170,7 +174,10 @@ class Prober:
                     progress.steps += 1
                     self._step(batch, scaler)
         with track(
-            self._resident(batch), enforce_capacity=enforce_capacity, stop_at=stop
+            self._resident(batch),
+            enforce_capacity=enforce_capacity,
+            stop_at=stop,
+            timeline=self.timeline,
         ) as reading:
             measure = _Measure(reading, BlockActivations(self.model) if self.locate else None)
             start = time.perf_counter()

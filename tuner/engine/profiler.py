@@ -101,7 +101,9 @@ def profile_workload(
     started = time.perf_counter()
     with (
         backend.session(),
-        Prober(workload, backend, headroom=headroom, settings=settings, locate=True) as prober,
+        Prober(
+            workload, backend, headroom=headroom, settings=settings, locate=True, timeline=True
+        ) as prober,
         DryRun(workload, backend, headroom=headroom) as dry_run,
     ):
         keys = (workload_key(workload, prober.optimizer), device_key(backend))

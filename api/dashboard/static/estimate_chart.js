@@ -155,34 +155,8 @@
     el.dataset.drawnAt = String(Math.round(performance.now()));
     window.tunerCharts[el.dataset.estimateChart] = u;
     byKeyboard(el, u, data);
-    // The chart follows its container's width (a phone turned, a window resized).
-    if (typeof ResizeObserver === "function") {
-      let last = config.width;
-      new ResizeObserver(() => {
-        const next = size();
-        if (Math.abs(next.width - last) > 2) {
-          last = next.width;
-          u.setSize(next);
-        }
-      }).observe(el);
-    }
+    window.tunerFollowWidth(el, u, size);
   }
 
-  function start() {
-    window.tunerCharts = window.tunerCharts || {};
-    for (const el of document.querySelectorAll("[data-estimate-chart]")) {
-      try {
-        if (typeof uPlot !== "function") throw new Error("the chart library did not load");
-        draw(el);
-      } catch (err) {
-        el.dataset.error = "true";
-        el.replaceChildren(Object.assign(document.createElement("p"), { className: "chart-status error", textContent: "Cannot draw this chart: " + err.message }));
-      }
-    }
-  }
-
-  // On DOMContentLoaded, which follows every deferred script: dashboard.js, loaded after
-  // this one, has set window.tunerFormat by then.
-  if (document.readyState === "complete") start();
-  else document.addEventListener("DOMContentLoaded", start);
+  window.tunerDrawCharts("[data-estimate-chart]", draw);
 })();
