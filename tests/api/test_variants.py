@@ -23,14 +23,39 @@ from tests.api.test_migration_parallel import (
 from tests.helpers import REPO_ROOT, subprocess_env, tuner_executable
 from tests.services import ServerThread
 from tuner.core.results import Profile
+from tuner.core.speeds import SpeedCurve, TimedSize
 
 GROUP = "a1b2c3d4e5f6a1b2c3d4e5f6"
 WHEN = datetime(2026, 11, 20, tzinfo=UTC)
 
 
-def explored(chosen: int | None = None) -> list[Profile]:
+def variant_curve(per_sample: float, spread: float, *, per_rank: int = 32) -> SpeedCurve:
+    """A speed curve as ``tuner profile --explore`` times each variant for ``per_rank``
+    samples a rank: micro batches of 1 to 9, two rounds ``spread`` apart."""
+    slowest = per_sample / (1 - spread)
+    return SpeedCurve(
+        sizes=[
+            TimedSize(micro_batch_size=m, seconds_per_sample=[per_sample, slowest])
+            for m in (1, 2, 4, 8, 9)
+        ],
+        optimizer_seconds=0.01,
+        per_rank_batch_size=per_rank,
+    )
+
+
+# The variants' curves: bf16 (index 2) trains the batch fastest, although checkpointing
+# (index 1) is the fastest at its M*.
+VARIANT_CURVES = [
+    variant_curve(0.010, 0.02),
+    variant_curve(0.008, 0.05),
+    variant_curve(0.004, 0.03),
+]
+
+
+def explored(chosen: int | None = None, *, timed: bool = False) -> list[Profile]:
     """Three variants of one exploration, each its own workload, as the CLI uploads them;
-    the one at index ``chosen`` marked as the exploration's choice."""
+    the one at index ``chosen`` marked as the exploration's choice; with ``timed``, each
+    with its speed curve (``VARIANT_CURVES``)."""
     options = [
         ({"checkpointing": False, "precision": "fp32"}, 4),
         ({"checkpointing": True, "precision": "fp32"}, 9),
@@ -42,7 +67,12 @@ def explored(chosen: int | None = None) -> list[Profile]:
             workload_key=f"w{index}".ljust(24, "x"),
             created_at=WHEN + timedelta(seconds=index),
         ).model_copy(
-            update={"variant": variant, "variant_group": GROUP, "variant_chosen": index == chosen}
+            update={
+                "variant": variant,
+                "variant_group": GROUP,
+                "variant_chosen": index == chosen,
+                "speeds": VARIANT_CURVES[index] if timed else None,
+            }
         )
         for index, (variant, found) in enumerate(options)
     ]

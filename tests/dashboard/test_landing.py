@@ -94,7 +94,7 @@ def _fleet(url: str, label: str) -> Generator[Fleet, None, None]:
         "ddp2": ddp_profile(2),
         "ddp4": ddp_profile(4),
         # The exploration chose bf16 (its plan ran fastest), not variant1, the fastest at M*.
-        **{f"variant{i}": p for i, p in enumerate(explored(chosen=2))},
+        **{f"variant{i}": p for i, p in enumerate(explored(chosen=2, timed=True))},
         **{f"len{p.workload.seq_len}": p for p in length_profiles()},
         "huge": nothing_fits_profile(),
         "gpu": gpu,  # the newest: what the landing page asks about first

@@ -14,32 +14,13 @@ from tests.api.test_variants import explored
 from tests.dashboard.conftest import VIEWPORTS, Tab, signed_in
 from tests.dashboard.data import store
 from tests.services import ServerThread
-from tuner.core.speeds import SpeedCurve, TimedSize
-
-
-def curve(per_sample: float, spread: float) -> SpeedCurve:
-    """Micro batches of 1 to 9, timed for a per-rank batch of 32."""
-    slowest = per_sample / (1 - spread)
-    return SpeedCurve(
-        sizes=[
-            TimedSize(micro_batch_size=m, seconds_per_sample=[per_sample, slowest])
-            for m in (1, 2, 4, 8, 9)
-        ],
-        optimizer_seconds=0.01,
-        per_rank_batch_size=32,
-    )
 
 
 @pytest.mark.parametrize("viewport", list(VIEWPORTS))
 def test_each_variant_shows_its_plan_steps_and_timed_speed(
     tab: Tab, database: Database, reader: str, service: ServerThread, viewport: str
 ) -> None:
-    # As loaded fastest at M* yet slowest for the batch; bf16 (index 2) chosen by its plan.
-    speeds = [curve(0.010, 0.02), curve(0.008, 0.05), curve(0.004, 0.03)]
-    profiles = [
-        p.model_copy(update={"speeds": s}) for p, s in zip(explored(chosen=2), speeds, strict=True)
-    ]
-    ids = store(database, profiles)
+    ids = store(database, explored(chosen=2, timed=True))
     with httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {reader}"}) as http:
         rows = http.get(f"/api/v1/profiles/{ids[0]}/variants").json()["data"]
     plans = {row["profile_id"]: row["plan"] for row in rows}
