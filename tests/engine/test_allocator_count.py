@@ -104,6 +104,10 @@ def test_without_gloo_copies_the_tracker_counts_what_the_allocator_counts(
 @pytest.mark.slow
 def test_fsdp_on_gloo_the_limit_is_checked_with_what_the_process_held(tmp_path: Path) -> None:
     for counted in _counts(tmp_path, "fsdp", 4, FSDP_GPT):
+        # The figure the limit is checked with is what the process held, to the byte;
+        # torch.profiler's count is never below it (it was 29% above at micro batch 1).
+        assert counted["limit_figure"] == counted["held"], counted
+        assert counted["profiled"] >= counted["held"]
         # One temporary of the all-gather's size per all-gather, on gloo's threads: each
         # block is gathered in forward and again in backward, 2 micro batches, 3 steps.
         assert counted["other_threads"].get(BLOCK_GATHERED_BYTES) == 2 * 2 * 2 * 3
@@ -111,10 +115,6 @@ def test_fsdp_on_gloo_the_limit_is_checked_with_what_the_process_held(tmp_path: 
         # Gloo's output-sized buffer on the step's own thread, inside the collective (the
         # root's gather: the embedding's parameters, the largest): not in the tracker's peak.
         assert counted["collective"] >= BLOCK_GATHERED_BYTES
-        # The figure the limit is checked with is what the process held, to the byte;
-        # torch.profiler's count is never below it (it was 29% above at micro batch 1).
-        assert counted["limit_figure"] == counted["held"]
-        assert counted["profiled"] >= counted["held"]
 
 
 @pytest.mark.slow
@@ -152,7 +152,7 @@ def test_fsdp_on_cpu_one_profile_gives_one_m_star_within_what_the_process_held(
         assert best.footprint_bytes == best.peak_bytes + best.collective_copies_bytes
         assert best.footprint_bytes <= limit
         found.append(profile.max_micro_batch_size)
-    assert found == [4, 4, 4]
+        assert found[-1] == 4, (found, limit)  # every run: the same M*, the one that fits
     # Training at M*, every thread counted, stays within the limit.
     for counted in _counts(tmp_path, "fsdp", 4, FSDP_GPT):
         assert max(counted["held"], counted["tracker"]) <= limit, counted
