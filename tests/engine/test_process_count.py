@@ -37,7 +37,15 @@ with count.block() as outer:
         empty = torch.empty(0)  # nothing held
         raw = torch.UntypedStorage(64)  # made by torch's default allocator, not ours
         readings["end"] = count.read()
+lingering = []  # a collective's block another thread still holds when the next block begins
+worker = threading.Thread(target=lambda: lingering.append(torch.empty(9000, dtype=torch.uint8)))
+worker.start()
+worker.join()
+with count.block() as late:
+    del lingering[:]  # let go inside the block: held at its start, not counted by the caller
+    after = torch.empty(4000, dtype=torch.uint8)
 print(json.dumps({
+    "late_peak": late.peak_bytes,
     "outer_peak": outer.peak_bytes,
     "block_peak": block.peak_bytes,
     "collective_peak": block.collective_peak_bytes,
@@ -63,8 +71,9 @@ def _run(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[s
 def test_every_allocation_and_free_is_counted_on_every_thread_to_the_byte(
     tmp_path: Path,
 ) -> None:
-    done = _run(COUNT_EVERY_THREAD, tmp_path)
+    done = _run(COUNT_EVERY_THREAD, tmp_path)  # built here, in an empty extension cache
     assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # built without a word: a rank's output stays the workload's
     counted = json.loads(done.stdout)
     # live, peak, then live by where it was allocated: the step, a collective on the
     # step's thread, another thread.
@@ -76,6 +85,9 @@ def test_every_allocation_and_free_is_counted_on_every_thread_to_the_byte(
     assert counted["end"] == counted["resized"]
     assert counted["block_peak"] == 13000
     assert counted["outer_peak"] == 20000
+    # What the process held beyond the step thread's blocks at the start: the other
+    # thread's 9000 B until it went, then the step's 4000 B.
+    assert counted["late_peak"] == 9000
     assert counted["collective_peak"] == 5000
     assert counted["other_peak"] == 7000
     assert counted["other_allocations"] == 1

@@ -40,6 +40,7 @@ from tuner.engine.backends.allocations import AllThreadCount, all_thread_allocat
 from tuner.engine.backends.base import Backend, PeakReading, plain_tensors
 from tuner.engine.backends.process_count import (
     COLLECTIVE,
+    STEP,
     BlockCount,
     ProcessAllocations,
     process_allocations,
@@ -241,6 +242,10 @@ class CpuBackend(Backend):
         self.process_count: ProcessAllocations | None = (
             process_allocations() if count_all_threads else None
         )
+        if self.process_count is not None:
+            # This thread runs the steps: what it allocates in set-up (the model, its shards)
+            # is the step's, so that a block's count can tell it from gloo's threads' blocks.
+            self.process_count.tag_this_thread(STEP)
         self._tracker: LiveBytesTracker | None = None
         # One tracker for a whole session: storages it has seen stay counted while they
         # live, also those made in set-up (``observe``) or in an earlier block that no
@@ -324,6 +329,7 @@ class CpuBackend(Backend):
             tracker.collective_scope = None
         reading.add(tracker.peak_bytes, tracker.peak_bytes)
         if isinstance(all_threads, BlockCount):
+            # The tracker's live bytes at the start stand for the step thread's blocks then.
             held = live_at_start + all_threads.peak_bytes
         elif isinstance(all_threads, AllThreadCount):
             held = process_peak(reading.reserved_bytes, live_at_start, all_threads)

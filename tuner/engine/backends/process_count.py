@@ -13,7 +13,8 @@ the step's thread inside a collective operator (:data:`COLLECTIVE`, gloo's outpu
 buffer of ``_allgather_base_`` and ``reduce_scatter_tensor_coalesced_``, which NCCL does
 not make), and every other thread (:data:`OTHER`, gloo's workers). Blocks allocated
 before the hook was installed are not seen, nor are their frees: it is installed when a
-CPU rank's backend is made, before the workload is built.
+CPU rank's backend is made, before the workload is built, and the thread that makes it
+is the step's from then on.
 
 It is compiled once per machine and torch version with ``torch.utils.cpp_extension``
 (about 2 s: plain C functions called through ctypes, no pybind11, no ATen headers) into
@@ -72,10 +73,17 @@ class ProcessCount:
 
 @dataclass
 class BlockCount:
-    """Filled when a :meth:`ProcessAllocations.block` exits: the most held above what was
-    live when it began, every thread together (``peak_bytes``), and the same for blocks
-    the step's thread allocated inside collectives (``collective_peak_bytes``) and for
-    blocks other threads allocated (``other_threads_peak_bytes``)."""
+    """Filled when a :meth:`ProcessAllocations.block` exits. ``peak_bytes``: the most the
+    process held in the block, every thread, less what the step's thread had allocated
+    before it (which the caller counts itself, as the tracker's live bytes at the start):
+
+        peak = max over the block of live(t)  −  live of the step's thread's blocks at start
+
+    so a collective's block from before that is still held when the block begins (gloo's
+    worker lets go late) counts while it lives, and its free lowers nothing the caller
+    counted. ``collective_peak_bytes`` and ``other_threads_peak_bytes``: the same for
+    blocks the step's thread allocated inside collectives and for blocks other threads
+    allocated; ``other_threads_allocations``: how many other threads made."""
 
     peak_bytes: int = 0
     collective_peak_bytes: int = 0
@@ -105,6 +113,10 @@ class ProcessAllocations:
             collective=tags[COLLECTIVE],
         )
 
+    def tag_this_thread(self, tag: int) -> None:
+        """From now on, allocations of the calling thread carry ``tag``."""
+        self._library.tuner_count_set_thread_tag(tag)
+
     @contextmanager
     def tagged(self, tag: int) -> Iterator[None]:
         """Allocations of the calling thread inside the block carry ``tag``."""
@@ -128,9 +140,9 @@ class ProcessAllocations:
             end = self.read()
         finally:
             self._library.tuner_count_pop()
-        count.peak_bytes = end.peak_bytes - start.live_bytes
-        count.collective_peak_bytes = end.collective.peak_bytes - start.collective.live_bytes
-        count.other_threads_peak_bytes = end.other.peak_bytes - start.other.live_bytes
+        count.peak_bytes = end.peak_bytes - start.step.live_bytes
+        count.collective_peak_bytes = end.collective.peak_bytes
+        count.other_threads_peak_bytes = end.other.peak_bytes
         count.other_threads_allocations = end.other.allocations
 
 
