@@ -221,6 +221,9 @@ class Profile(Base):
     variant_group: Mapped[str | None] = mapped_column(String(64), index=True)
     # The variant its exploration chose (by its plan's measured speed); kept since 0012.
     variant_chosen: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Micro batches timed at a few sizes after M* (``tuner.core.speeds.SpeedCurve`` as
+    # JSON; bounded by its schema): what answers compare splits by. Since 0017.
+    speeds: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     workload: Mapped[Workload] = relationship(lazy="joined", innerjoin=True)
     device: Mapped[Device] = relationship(lazy="joined", innerjoin=True)
@@ -258,6 +261,9 @@ class Probe(Base):
     steps_run: Mapped[int] = mapped_column(Integer)
     wall_time_s: Mapped[float] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
+    # Live bytes over the measured step (``tuner.core.timeline``, at most ~96 KB as JSON),
+    # kept for the probe at M*; none for the other probes and for rows stored before 0018.
+    timeline: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     profile: Mapped[Profile] = relationship(back_populates="probes")
 

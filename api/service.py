@@ -23,6 +23,8 @@ from api.security import Principal
 from api.store import jobs, oom_reports, profiles
 from api.store.evidence import SqlEvidence
 from tuner.answer import decide
+from tuner.core import memory_viz
+from tuner.core.errors import NotFoundError
 from tuner.core.wire.jobs import JobClaim, JobCreate, JobPublic, JobQuery, JobsPublic, Lease
 from tuner.core.wire.oom_reports import OomReportCreate, OomReportPublic
 from tuner.core.wire.profiles import (
@@ -102,6 +104,26 @@ def upload_profile(
 def get_profile(db: Database, profile_id: int, *, project_id: int) -> ProfilePublic:
     with db.session() as session:
         return profiles.to_public(profiles.get_profile(session, profile_id, project_id=project_id))
+
+
+def memory_snapshot(db: Database, profile_id: int, *, project_id: int) -> tuple[str, bytes]:
+    """The file name and bytes of the memory timeline at the profile's M*, as PyTorch's
+    memory viewer opens it (``tuner.core.memory_viz``)."""
+    profile = get_profile(db, profile_id, project_id=project_id)
+    found = profile.max_micro_batch_size
+    probe = profile.probe_at(found) if found > 0 else None
+    if probe is None or probe.timeline is None:
+        raise NotFoundError(
+            f"profile {profile_id} has no memory timeline: "
+            + (
+                "nothing fits, so no step ran at an M*"
+                if probe is None
+                else "it was measured before timelines were kept, or on several ranks; "
+                "profile the workload again in one process to record one"
+            )
+        )
+    name = f"profile-{profile_id}-m{found}-memory-snapshot.pickle"
+    return name, memory_viz.snapshot_pickle(probe.timeline)
 
 
 def list_profiles(db: Database, query: ProfileQuery, *, project_id: int) -> ProfilesPublic:

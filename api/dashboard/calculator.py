@@ -24,7 +24,7 @@ from api.errors import STATUS_BY_CODE, describe_invalid
 from tuner.core import plan
 from tuner.core.errors import TunerError
 from tuner.core.parallel import PARALLEL_MODES
-from tuner.core.wire.recommendation import RecommendationQuery
+from tuner.core.wire.recommendation import RecommendationQuery, recommend_command
 
 # What the calculator's form asks, named as the API's query parameters are, so that the
 # page's URL carries the question and the API answers the same query string.
@@ -51,6 +51,7 @@ class Calculation:
     answer: dict[str, Any] | None = None
     error: str | None = None
     status: int = 200  # the status GET /api/v1/recommendation gives this question
+    command: str | None = None  # the `tuner recommend` command that gives the same answer
 
     @property
     def query_string(self) -> str:
@@ -58,11 +59,21 @@ class Calculation:
         return urlencode({k: v for k, v in self.question.items() if v != ""})
 
 
-def default_global_batch(max_micro_batch_size: int, world_size: int) -> int:
-    """A global batch worth asking first: 256, or four of the largest micro batches when
-    that is more, rounded up to a multiple of the world size so the question is valid."""
-    wanted = max(DEFAULT_GLOBAL_BATCH, 4 * max_micro_batch_size)
-    return -(-wanted // world_size) * world_size
+def default_global_batch(max_micro_batch_size: int, data_parallel: int) -> int:
+    """A global batch people train with, asked before the reader asks their own.
+
+    Global batches are hyperparameters picked from powers of two (256, 512, 1,024, ...),
+    and one worth asking shows accumulation: about four of the largest micro batches on
+    each data-parallel rank. So: the power of two nearest ``4 · M* · dp`` (in ratio), at
+    least 256 (few recipes train on less), then rounded up to a multiple of ``dp`` so the
+    question is valid. Four times ``M* · dp`` exactly (9,656 for an M* of 2,414) is a
+    number no one trains with; 8,192 is.
+    """
+    wanted = 4 * max(1, max_micro_batch_size) * data_parallel
+    below = 1 << (wanted.bit_length() - 1)  # the power of two at or below wanted
+    nearest = below if wanted * wanted <= 2 * below * below else 2 * below
+    chosen = max(DEFAULT_GLOBAL_BATCH, nearest)
+    return -(-chosen // data_parallel) * data_parallel
 
 
 def read_question(params: Mapping[str, str], defaults: Mapping[str, str]) -> dict[str, str]:
@@ -100,4 +111,6 @@ async def calculate(request: Request, question: dict[str, str], *, project_id: i
         "device": answer.device_key,
         "policy": answer.policy,
     }
-    return Calculation(meant, answer=answer.model_dump(mode="json"))
+    return Calculation(
+        meant, answer=answer.model_dump(mode="json"), command=recommend_command(answer)
+    )

@@ -17,7 +17,7 @@ from sqlalchemy import ColumnElement, and_, exists, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from api import models
-from api.dashboard.format import fmt_bytes, mode_label, oom_cap, variant_text
+from api.dashboard.format import fmt_bytes, fmt_int, mesh_label, mode_label, oom_cap, variant_text
 from api.store.evidence import SqlEvidence, device_row
 from api.store.profiles import find_device, find_workload, get_profile, get_workload, to_public
 from api.store.projects import in_project
@@ -32,9 +32,49 @@ SortKey = Literal["created", "mstar", "headroom", "workload", "device"]
 SORT_KEYS: tuple[SortKey, ...] = ("created", "mstar", "headroom", "workload", "device")
 PAGE_SIZES = (25, 50, 100, 200)
 DEFAULT_PAGE_SIZE = 50
+# A download of the list holds at most this many rows, whatever the filters.
+EXPORT_LIMIT = 1000
+PROFILE_FIELDS = (
+    "id",
+    "workload_id",
+    "workload_key",
+    "workload_name",
+    "device_id",
+    "device_key",
+    "device_name",
+    "created_at",
+    "max_micro_batch_size",
+    "headroom",
+    "budget_bytes",
+    "size_cap",
+    "world_size",
+    "parallel_mode",
+    "tp",
+    "seq_len",
+    "variant",
+    "capacity_bytes",
+    "footprint_bytes",
+    "free_bytes",
+    "samples_per_second",
+    "status",
+    "oom_limit",
+)
 
 
 # The profile list
+
+
+def query_string(
+    values: dict[str, Any], changes: dict[str, Any], defaults: dict[str, Any]
+) -> dict[str, str]:
+    """A list's query string: ``values`` with ``changes``, unset and default ones left out
+    (so a shared URL names only what was chosen)."""
+    merged = {**values, **changes}
+    return {
+        name: str(value)
+        for name, value in merged.items()
+        if value is not None and defaults.get(name) != value
+    }
 
 
 @dataclass(frozen=True)
@@ -64,13 +104,8 @@ class ListQuery:
             "page": self.page,
             "size": self.size,
         }
-        values.update(changes)
         defaults = {"sort": "created", "order": "desc", "page": 1, "size": DEFAULT_PAGE_SIZE}
-        return {
-            name: str(value)
-            for name, value in values.items()
-            if value is not None and defaults.get(name) != value
-        }
+        return query_string(values, changes, defaults)
 
 
 @dataclass(frozen=True)
@@ -106,6 +141,35 @@ class ProfileRow:
     seq_len: int | None = None
     tp: int = 1  # the mesh's tensor-parallel degree (world_size / tp × tp); 1 without one
     simulated_ranks: bool = False  # a fake world's: memory measured, speed not
+
+    def record(self) -> dict[str, Any]:
+        """The row for the list's downloads: the JSON API's names where it has the field
+        (``GET /api/v1/profiles``), then what the page adds (footprint, speed, status)."""
+        return {
+            "id": self.id,
+            "workload_id": self.workload_id,
+            "workload_key": self.workload_key,
+            "workload_name": self.workload_name,
+            "device_id": self.device_id,
+            "device_key": self.device_key,
+            "device_name": self.device_name,
+            "created_at": self.created_at.isoformat(),
+            "max_micro_batch_size": self.max_micro_batch_size,
+            "headroom": self.headroom,
+            "budget_bytes": self.budget_bytes,
+            "size_cap": self.size_cap,
+            "world_size": self.world_size,
+            "parallel_mode": self.parallel_mode,
+            "tp": self.tp,
+            "seq_len": self.seq_len,
+            "variant": self.variant,
+            "capacity_bytes": self.capacity_bytes,
+            "footprint_bytes": self.footprint_bytes,
+            "free_bytes": self.free_bytes,
+            "samples_per_second": self.samples_per_second,
+            "status": self.status.code,
+            "oom_limit": self.oom_limit,
+        }
 
     @property
     def free_bytes(self) -> int | None:
@@ -434,6 +498,122 @@ def device_choices(session: Session, project_id: int) -> list[Choice]:
 
 
 @dataclass(frozen=True)
+class WorkloadGroup:
+    """One model's workloads in the calculator's menu: an ``<optgroup>`` named by the
+    model, one choice per workload labelled by its runs (``gpt · DDP · W = 2, 4 · seq
+    128``)."""
+
+    name: str
+    choices: list[Choice]
+
+
+_MODE_ORDER = {"none": 0, "ddp": 1, "fsdp": 2}
+
+
+def _runs_text(mode: str, shapes: Sequence[tuple[int, int]]) -> str:
+    """The runs measured, in words: ``one process``, ``DDP · W = 2, 4``, ``FSDP · W = 4
+    (2 × 2 mesh)``; ``DDP · not profiled`` for a workload with no profile yet."""
+    head = "one process" if mode == "none" else mode.upper()
+    sizes = [
+        f"{w} ({mesh_label(w, tp)})" if mesh_label(w, tp) else str(w) for w, tp in sorted(shapes)
+    ]
+    if not sizes:
+        return f"{head} · not profiled"
+    if mode == "none" and sizes == ["1"]:
+        return head
+    return f"{head} · W = {', '.join(sizes)}"
+
+
+def workload_groups(session: Session, project_id: int) -> list[WorkloadGroup]:
+    """The project's workloads grouped by model name, each labelled by what tells it apart
+    from the others of its model: its mode and the world sizes and meshes it was measured
+    at, its sequence length, the variant options an exploration measured; where two still
+    read the same, the columns that differ (precision, optimizer, checkpointing,
+    parameters), and the key only as a last resort. Two statements."""
+    rows = session.execute(
+        select(
+            _W.id,
+            _W.name,
+            _W.key,
+            _W.parallel_mode,
+            _W.seq_len,
+            _W.precision,
+            _W.optimizer,
+            _W.activation_checkpointing,
+            _W.parameter_count,
+        ).where(_W.project_id == project_id)
+    ).all()
+    shapes: dict[int, set[tuple[int, int]]] = {}
+    for workload_id, world_size, tp in session.execute(
+        select(_P.workload_id, _P.world_size, _P.tp).where(in_project(project_id)).distinct()
+    ):
+        shapes.setdefault(workload_id, set()).add((world_size, tp or 1))
+    variants = variants_by_workload(session, project_id)
+    by_name: dict[str, list[Any]] = {}
+    for row in rows:
+        by_name.setdefault(row.name, []).append(row)
+    groups = []
+    for name in sorted(by_name):
+        members = sorted(
+            by_name[name],
+            key=lambda r: (_MODE_ORDER.get(r.parallel_mode, 3), r.seq_len or 0, r.id),
+        )
+        labels = {}
+        for r in members:
+            # The model's name too: a closed menu shows the option, not its group.
+            parts = [name, _runs_text(r.parallel_mode, sorted(shapes.get(r.id, ())))]
+            if r.seq_len is not None:
+                parts.append(f"seq {r.seq_len}")
+            if variants.get(r.id):
+                parts.append(variant_text(variants[r.id]))
+            labels[r.id] = " · ".join(parts)
+        groups.append(WorkloadGroup(name, _told_apart(members, labels)))
+    return groups
+
+
+def _told_apart(members: Sequence[Any], labels: dict[int, str]) -> list[Choice]:
+    """Choices whose labels differ: where several read the same, each gains the columns
+    in which those several differ; the key's first 8 characters only if none does."""
+    same: dict[str, list[Any]] = {}
+    for r in members:
+        same.setdefault(labels[r.id], []).append(r)
+    columns = (
+        ("precision", lambda r: r.precision),
+        ("optimizer", lambda r: r.optimizer),
+        ("checkpointing", lambda r: "on" if r.activation_checkpointing else "off"),
+        ("parameters", lambda r: fmt_int(r.parameter_count)),
+    )
+    choices = []
+    for r in members:
+        label = labels[r.id]
+        twins = same[label]
+        if len(twins) > 1:
+            differ = [
+                f"{what} {value(r)}"
+                for what, value in columns
+                if len({value(t) for t in twins}) > 1
+            ]
+            label = " · ".join([label, *differ]) if differ else f"{label} · {r.key[:8]}"
+        choices.append(Choice(r.id, label, r.key))
+    return choices
+
+
+def most_profiled_workload(session: Session, project_id: int) -> str | None:
+    """The key of the project's workload with the most profiles in which something fits
+    (the newest profiled among equals): what a reader with no question of their own is
+    asked about first, since the workload a team keeps profiling is the one it trains."""
+    found = session.execute(
+        select(_W.key)
+        .join(_P, _P.workload_id == _W.id)
+        .where(_W.project_id == project_id, _P.max_micro_batch_size > 0)
+        .group_by(_W.id, _W.key)
+        .order_by(func.count(_P.id).desc(), func.max(_P.received_at).desc(), _W.id.desc())
+        .limit(1)
+    ).first()
+    return found[0] if found is not None else None
+
+
+@dataclass(frozen=True)
 class NewestRun:
     """The run the newest profile measured: what the landing page asks about first."""
 
@@ -447,7 +627,7 @@ class NewestRun:
 
 @dataclass(frozen=True)
 class QuestionChoices:
-    workloads: list[Choice]
+    workloads: list[WorkloadGroup]
     devices: list[Choice]
     newest: NewestRun | None
 
@@ -458,7 +638,11 @@ def question_choices(
     """The calculator's menus and the run it asks about where the question leaves a field
     out: the run of the newest profile of the workload and device asked (by key), else of
     that workload on any device, else on that device, else the newest profile's. So asking
-    about another workload asks at its own world size, parallel mode and mesh."""
+    about another workload asks at its own world size, parallel mode and mesh. A question
+    that names neither asks about the most profiled workload
+    (:func:`most_profiled_workload`), at its newest profile's run."""
+    if not workload and not device:
+        workload = most_profiled_workload(session, project_id)
     newest_first = (
         select(_W.key, _D.key, _P.world_size, _P.parallel_mode, _P.max_micro_batch_size, _P.tp)
         .join(_W, _W.id == _P.workload_id)
@@ -480,7 +664,7 @@ def question_choices(
         if newest is not None:
             break
     return QuestionChoices(
-        workloads=workload_choices(session, project_id),
+        workloads=workload_groups(session, project_id),
         devices=device_choices(session, project_id),
         newest=NewestRun(*newest[:5], tp=newest[5] or 1) if newest is not None else None,
     )

@@ -9,7 +9,8 @@ public reads. A browser without either is sent to ``/login``; the JSON API keeps
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs
@@ -23,14 +24,19 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.dashboard import calculator, queries
+from api.dashboard import calculator, failures, memory, queries
 from api.dashboard.blocks import block_bars
+from api.dashboard.compare import Candidate, candidates, compare, memory_parts
+from api.dashboard.downloads import FORMATS, Format, download
+from api.dashboard.failures import SHOWS, SINCE, SINCE_LABELS, FailureQuery, list_failures
 from api.dashboard.lengths import by_device
+from api.dashboard.timeline import timeline_view
 from api.dashboard.variants import VariantRow, variant_rows
 from api.dashboard.web import (
     STATIC,
     cookie_would_be_dropped,
     forget_token,
+    is_htmx,
     login_redirect,
     remember_project,
     remember_token,
@@ -56,6 +62,7 @@ from api.store.tokens import authenticate
 from tuner.core.errors import (
     AuthenticationError,
     BadInputError,
+    NotFoundError,
     PermissionDeniedError,
     TunerError,
 )
@@ -167,6 +174,13 @@ def _optional_id(params: Any, name: str, what: str) -> int | None:
     return int(raw)
 
 
+def _page(params: Any) -> int:
+    page_text = params.get("page") or "1"
+    if not (page_text.isascii() and page_text.isdigit()) or not 1 <= int(page_text) <= INT32_MAX:
+        raise BadInputError(f"page={page_text!r}: pages are numbered from 1")
+    return int(page_text)
+
+
 def parse_list_query(params: Any) -> queries.ListQuery:
     """The list's query string, refusing what the page never produces with a clear error."""
     sort = params.get("sort") or "created"
@@ -175,9 +189,7 @@ def parse_list_query(params: Any) -> queries.ListQuery:
     order = params.get("order") or "desc"
     if order not in ("asc", "desc"):
         raise BadInputError(f"order={order!r}: use asc or desc")
-    page_text = params.get("page") or "1"
-    if not (page_text.isascii() and page_text.isdigit()) or not 1 <= int(page_text) <= INT32_MAX:
-        raise BadInputError(f"page={page_text!r}: pages are numbered from 1")
+    page = _page(params)
     size_text = params.get("size") or str(queries.DEFAULT_PAGE_SIZE)
     sizes = ", ".join(str(size) for size in queries.PAGE_SIZES)
     if not (size_text.isascii() and size_text.isdigit()) or (
@@ -190,7 +202,7 @@ def parse_list_query(params: Any) -> queries.ListQuery:
         latest_only=params.get("latest") in ("1", "on", "true"),
         sort=sort,
         descending=order == "desc",
-        page=int(page_text),
+        page=page,
         size=int(size_text),
     )
 
@@ -198,11 +210,20 @@ def parse_list_query(params: Any) -> queries.ListQuery:
 @router.get("/")
 async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> Response:
     """The question on landing: micro batch and accumulation for a global batch, answered
-    by the recommendation route's own code. What the URL leaves out is the run of the
-    newest profile of the workload asked (of all, when none is asked): the page's script
-    sends only the fields the reader set, so another workload brings its own world size,
-    parallel mode and mesh (tp)."""
+    by the recommendation route's own code.
+
+    A page opened with no question goes to the reader's last one (:mod:`.memory`), so the
+    URL carries it and can be shared; without one, it asks about the most profiled
+    workload, at its newest profile's run and a global batch people train with
+    (:func:`calculator.default_global_batch`). What the URL leaves out is that run's: the
+    page's script sends only the fields the reader set, so another workload brings its own
+    world size, parallel mode and mesh (tp)."""
     params = request.query_params
+    given = memory.asked(params)
+    if not given and not is_htmx(request):
+        last = memory.recall(request, principal)
+        if last is not None:
+            return RedirectResponse("/?" + last, status_code=303)
 
     def read() -> tuple[queries.QuestionChoices, int]:
         with db.session() as session:
@@ -232,13 +253,13 @@ async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess)
             "tp": str(tp) if tp > 1 else "",
             "global_batch_size": str(
                 calculator.default_global_batch(
-                    newest.max_micro_batch_size, world or newest.world_size
+                    newest.max_micro_batch_size, (world or newest.world_size) // tp
                 )
             ),
         }
         question = calculator.read_question(params, defaults)
         calc = await calculator.calculate(request, question, project_id=principal.project)
-    return render(
+    response = render(
         request,
         "landing.html",
         principal=principal,
@@ -249,6 +270,11 @@ async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess)
         now=_now(),
         base_url=str(request.base_url).rstrip("/"),
     )
+    if given and calc is not None and calc.answer is not None:
+        # The workload as the answer read it (a key), so the question comes back about
+        # the same rows even when another workload is profiled more since.
+        memory.remember(response, principal, {**given, "workload": calc.question["workload"]})
+    return response
 
 
 @router.get("/profiles")
@@ -264,9 +290,36 @@ def profiles_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> R
         query=query,
         listing=listing,
         page_sizes=queries.PAGE_SIZES,
+        export_limit=queries.EXPORT_LIMIT,
         now=_now(),
         base_url=str(request.base_url).rstrip("/"),
     )
+
+
+@router.get("/profiles.{form}")
+def profiles_download(
+    request: Request, form: str, db: DatabaseDep, principal: ReadAccess
+) -> Response:
+    """The profile list as CSV or JSON: the page's filters and sort, every page up to
+    ``EXPORT_LIMIT`` rows."""
+    shown = _download_format(form)
+    query = replace(parse_list_query(request.query_params), page=1, size=queries.EXPORT_LIMIT)
+    with db.session() as session:
+        listing = queries.list_profiles(session, query, project_id=principal.project)
+    return download(
+        [row.record() for row in listing.rows],
+        fields=queries.PROFILE_FIELDS,
+        count=listing.count,
+        name="profiles",
+        form=shown,
+    )
+
+
+def _download_format(form: str) -> Format:
+    for known in FORMATS:
+        if form == known:
+            return known
+    raise NotFoundError(f"no download as .{form}: lists download as .csv or .json")
 
 
 @router.get("/profiles/{profile_id}")
@@ -276,15 +329,22 @@ async def profile_page(
     """One profile: the calculator first (asking as this profile's run), then its memory
     and throughput charts and the breakdown at M*."""
 
-    def read() -> tuple[queries.ProfileDetail, list[VariantRow]]:
+    def read() -> tuple[queries.ProfileDetail, list[VariantRow], list[Candidate]]:
         with db.session() as session:
             detail = queries.profile_detail(session, profile_id, project_id=principal.project)
+            others = candidates(
+                session,
+                profile_id,
+                detail.profile.workload_id,
+                detail.profile.device_id,
+                project_id=principal.project,
+            )
             group = detail.profile.variant_group
             if group is None:
-                return detail, []
-            return detail, variant_rows(session, profile_id, project_id=principal.project)
+                return detail, [], others
+            return detail, variant_rows(session, profile_id, project_id=principal.project), others
 
-    detail, variants = await run_in_threadpool(read)
+    detail, variants, others = await run_in_threadpool(read)
     profile, probe = detail.profile, detail.at_max
     defaults = {
         "workload": profile.workload_key,
@@ -307,19 +367,8 @@ async def profile_page(
         if profile.max_micro_batch_size > 0
         else calculator.Calculation(question)
     )
-    breakdown = []
-    if probe is not None and probe.breakdown is not None:
-        parts = [
-            ("Parameters", probe.breakdown.parameters_bytes, "part-params"),
-            ("Gradients", probe.breakdown.gradients_bytes, "part-grads"),
-            ("Optimizer state", probe.breakdown.optimizer_state_bytes, "part-optim"),
-            ("Activations and temporaries", probe.breakdown.activations_bytes, "part-acts"),
-        ]
-        if probe.breakdown.allocator_cache_bytes:
-            parts.append(("Allocator cache", probe.breakdown.allocator_cache_bytes, "part-cache"))
-        if probe.non_torch_bytes > 0:
-            parts.append(("Outside torch", probe.non_torch_bytes, "part-other"))
-        breakdown = stack(parts, profile.device.capacity_bytes)
+    parts = memory_parts(probe)
+    breakdown = stack(parts, profile.device.capacity_bytes) if parts else []
     located = probe or profile.oversize_probe
     located_parts = located.breakdown if located is not None else None
     return render(
@@ -335,9 +384,138 @@ async def profile_page(
         peak_phase=located_parts.peak_phase if located_parts else None,
         outside_blocks=OUTSIDE_BLOCKS,
         variants=variants,
+        compare_with=others,
+        timeline=timeline_view(probe),
         calc=calc,
         now=_now(),
     )
+
+
+# Comparing two profiles
+
+
+def _compared_ids(params: Any) -> tuple[int, int] | None:
+    """The two profiles asked: ``a`` and ``b``, or two ``p`` (the list's check boxes);
+    ``None`` when the ``p`` form was used (the page redirects to its ``a``/``b`` URL)."""
+    picked = params.getlist("p")
+    if picked:
+        if len(picked) != 2:
+            raise BadInputError(
+                f"{len(picked)} profile{'' if len(picked) == 1 else 's'} picked: tick two "
+                "rows of the list to compare them"
+            )
+        return None
+    a = _optional_id(params, "a", "profile")
+    b = _optional_id(params, "b", "profile")
+    if a is None or b is None:
+        raise BadInputError(
+            "compare two profiles: /compare?a=ID&b=ID, or tick two rows of the profile list"
+        )
+    return a, b
+
+
+@router.get("/compare")
+def compare_page(request: Request, db: DatabaseDep, principal: ReadAccess) -> Response:
+    """Two profiles side by side: M*, the peak at M* and its breakdown with the differences,
+    and both profiles' peaks against micro batch size on one chart."""
+    params = request.query_params
+    ids = _compared_ids(params)
+    if ids is None:
+        a = _optional_id({"a": params.getlist("p")[0]}, "a", "profile")
+        b = _optional_id({"b": params.getlist("p")[1]}, "b", "profile")
+        return RedirectResponse(f"/compare?a={a}&b={b}", status_code=303)
+    with db.session() as session:
+        comparison = compare(session, *ids, project_id=principal.project)
+    return render(
+        request,
+        "compare.html",
+        principal=principal,
+        c=comparison,
+        now=_now(),
+    )
+
+
+# Failures
+
+
+def parse_failure_query(params: Any) -> FailureQuery:
+    """The failures page's query string, refusing what the page never produces."""
+    show = params.get("show") or "all"
+    if show not in SHOWS:
+        raise BadInputError(f"show={show!r}: show one of {', '.join(SHOWS)}")
+    since = params.get("since") or "all"
+    if since not in SINCE:
+        raise BadInputError(f"since={since!r}: use one of {', '.join(SINCE)}")
+    return FailureQuery(
+        workload_id=_optional_id(params, "workload", "workload"),
+        device_id=_optional_id(params, "device", "device"),
+        show=show,
+        since=since,
+        page=_page(params),
+    )
+
+
+@router.get("/failures")
+def failures_page(
+    request: Request, db: DatabaseDep, settings: SettingsDep, principal: ReadAccess
+) -> Response:
+    """What went wrong, newest first: OOM reports, failed probes, failed and retried jobs,
+    silent workers; by workload, device, kind and age."""
+    query = parse_failure_query(request.query_params)
+    now = _now()
+    with db.session() as session:
+        listing = list_failures(
+            session,
+            query,
+            project_id=principal.project,
+            now=now,
+            silent_after=_silent_after(settings),
+            limit=failures.PAGE_SIZE,
+        )
+    return render(
+        request,
+        "failures.html",
+        principal=principal,
+        query=query,
+        listing=listing,
+        shows=SHOWS,
+        since_labels=SINCE_LABELS,
+        page_size=failures.PAGE_SIZE,
+        export_limit=queries.EXPORT_LIMIT,
+        now=now,
+    )
+
+
+@router.get("/failures.{form}")
+def failures_download(
+    request: Request, form: str, db: DatabaseDep, settings: SettingsDep, principal: ReadAccess
+) -> Response:
+    """The failures as CSV or JSON: the page's filters, up to ``EXPORT_LIMIT`` rows."""
+    shown = _download_format(form)
+    query = parse_failure_query(request.query_params)
+    with db.session() as session:
+        listing = list_failures(
+            session,
+            query,
+            project_id=principal.project,
+            now=_now(),
+            silent_after=_silent_after(settings),
+            limit=queries.EXPORT_LIMIT,
+            page=1,
+        )
+    return download(
+        [row.record() for row in listing.rows],
+        fields=failures.FIELDS,
+        count=listing.count,
+        name="failures",
+        form=shown,
+    )
+
+
+def _silent_after(settings: Any) -> timedelta:
+    # A worker claims every couple of seconds when idle and heartbeats a third of a lease
+    # while busy: two leases of silence mean it is gone.
+    return timedelta(seconds=2 * settings.lease_seconds)
 
 
 # Workloads
@@ -426,9 +604,7 @@ def jobs_page(
         "jobs.html",
         principal=principal,
         overview=overview,
-        # A worker claims every couple of seconds when idle and heartbeats a third of a
-        # lease while busy: two leases of silence mean it is gone.
-        silent_after_s=2 * settings.lease_seconds,
+        silent_after_s=_silent_after(settings).total_seconds(),
         now=_now(),
         base_url=str(request.base_url).rstrip("/"),
     )

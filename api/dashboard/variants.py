@@ -16,7 +16,7 @@ from tuner.core.wire.variants import VariantPublic
 class VariantRow:
     variant: VariantPublic
     label: str
-    speed_width: float  # percent of the fastest variant's samples per second at M*
+    speed_width: float  # percent of the fastest variant's plan speed (else speed at M*)
 
     @property
     def chosen(self) -> bool:
@@ -31,12 +31,20 @@ def variant_rows(session: Session, profile_id: int, *, project_id: int) -> list[
     found = variants_of(session, get_profile(session, profile_id, project_id=project_id))
     if found.variant_group is None:
         return []
-    top = max((v.samples_per_second or 0.0 for v in found.data), default=0.0)
+    top = max((_decided_by(v) for v in found.data), default=0.0)
     return [
         VariantRow(
             variant=v,
             label=variant_text(v.variant) or "as loaded",
-            speed_width=round(100 * (v.samples_per_second or 0.0) / top, 2) if top > 0 else 0.0,
+            speed_width=round(100 * _decided_by(v) / top, 2) if top > 0 else 0.0,
         )
         for v in found.data
     ]
+
+
+def _decided_by(variant: VariantPublic) -> float:
+    """The speed the choice compared: the plan's timed speed where the profile kept a
+    curve, else (explorations stored before) the speed at M*."""
+    if variant.plan is not None and variant.plan.samples_per_second is not None:
+        return variant.plan.samples_per_second
+    return variant.samples_per_second or 0.0

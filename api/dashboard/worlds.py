@@ -31,8 +31,18 @@ from tuner.core.worlds import estimate_world_size as at_world_size
 
 # The line runs to twice the largest world size measured, and at least this far.
 SMALLEST_RANGE = 8
-# A mesh's series, coloured apart from the mode's tp 1 (estimate_chart.js reads the names).
-TP_COLOURS = {2: "--chart-speed", 4: "--chart-oom", 8: "--chart-max"}
+# Each series of a chart (a mode at a tp) by its place: a colour, a marker shape for its
+# measured points and a dash for its estimate line, so that no two series are told apart
+# by colour alone (estimate_chart.js reads the names; no two of the colours are green).
+STYLES = (
+    ("--chart-allocated", "circle", (6, 4)),
+    ("--chart-oom", "square", (2, 3)),
+    ("--chart-reserved", "triangle", (10, 3, 2, 3)),
+    ("--chart-footprint", "diamond", (1, 3)),
+    ("--chart-speed", "cross", (12, 4)),
+)
+# The marker in words and in the legend's text (the legend's swatch is a colour).
+SHAPE_SIGNS = {"circle": "●", "square": "■", "triangle": "▲", "diamond": "◆", "cross": "✚"}
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,9 @@ class ModeSeries:
 
     @property
     def label(self) -> str:
-        """``fsdp``, or ``fsdp × tp 2`` for a mesh."""
+        """``one process``, ``ddp``, or ``fsdp × tp 2`` for a mesh."""
+        if self.mode == "none":
+            return "one process"
         return self.mode if self.tp == 1 else f"{self.mode} × tp {self.tp}"
 
 
@@ -97,35 +109,63 @@ class DeviceWorlds:
         largest = max(p.world_size for s in self.series for p in s.points)
         return max(SMALLEST_RANGE, 2 * largest)
 
+    @property
+    def xs(self) -> list[int]:
+        """The world sizes drawn: powers of two up to range_end and the sizes measured."""
+        return drawn_sizes({p.world_size for s in self.series for p in s.points}, self.range_end)
+
+    @property
+    def compact(self) -> bool:
+        """One point and no line: said in a line of text, not drawn as a chart."""
+        return sum(len(s.points) + len(s.estimate) for s in self.series) <= 1
+
+    def styles(self) -> list[dict[str, Any]]:
+        """Each series' colour, marker shape, its sign and estimate dash, by place."""
+        return [
+            {"colour": c, "shape": shape, "sign": SHAPE_SIGNS[shape], "dash": list(dash)}
+            for c, shape, dash in (STYLES[i % len(STYLES)] for i in range(len(self.series)))
+        ]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The chart's values as a table's rows, one per world size drawn with any value:
+        ``{"world_size": 4, "values": [(measured, estimated), ...]}`` per series."""
+        found = []
+        for w in self.xs:
+            values = [
+                (
+                    next((p.max_micro_batch_size for p in s.points if p.world_size == w), None),
+                    s.estimate.get(w),
+                )
+                for s in self.series
+            ]
+            if any(v is not None for pair in values for v in pair):
+                found.append({"world_size": w, "values": values})
+        return found
+
     def chart(self) -> dict[str, Any]:
         """What the chart draws: the drawn world sizes up to range_end, and per mode and
         tp a measured series (gaps where nothing was measured) and an estimate series
-        (gaps where the fit is not asked or refuses)."""
-        measured_sizes = {p.world_size for s in self.series for p in s.points}
-        xs = drawn_sizes(measured_sizes, self.range_end)
+        (gaps where the fit is not asked or refuses), each with its style."""
+        xs = self.xs
         series: list[dict[str, Any]] = []
-        for mode in self.series:
-            colour = {"colour": TP_COLOURS[mode.tp]} if mode.tp in TP_COLOURS else {}
+        for mode, style in zip(self.series, self.styles(), strict=True):
+            drawn = {"mode": mode.mode, "tp": mode.tp, **style}
             measured = {p.world_size: p.max_micro_batch_size for p in mode.points}
             series.append(
                 {
                     "key": f"{mode.key}-measured",
-                    "mode": mode.mode,
-                    "tp": mode.tp,
-                    "label": f"{mode.label} measured",
+                    "label": f"{style['sign']} {mode.label} measured",
                     "values": [measured.get(w) for w in xs],
-                    **colour,
+                    **drawn,
                 }
             )
             if mode.estimate:
                 series.append(
                     {
                         "key": f"{mode.key}-estimated",
-                        "mode": mode.mode,
-                        "tp": mode.tp,
-                        "label": f"{mode.label} estimated",
+                        "label": f"{style['sign']} {mode.label} estimated",
                         "values": [mode.estimate.get(w) for w in xs],
-                        **colour,
+                        **drawn,
                     }
                 )
         return {"xs": xs, "series": series}
@@ -182,7 +222,7 @@ def _series(
 ) -> ModeSeries:
     points = [_point(by_world[w]) for w in sorted(by_world)]
     if not profiles:
-        return ModeSeries(mode, points, note="one world size measured: no estimate line", tp=tp)
+        return _one_shape(mode, tp, points, end)
     estimate: dict[int, WorldEstimate] = {}
     refused: dict[int, str] = {}
     for w in drawn_sizes(by_world, end, tp):
@@ -204,6 +244,30 @@ def _series(
         note=note,
         tp=tp,
     )
+
+
+def _one_shape(mode: str, tp: int, points: list[WorldPoint], end: int) -> ModeSeries:
+    """A mode measured at one shape on the device: nothing to fit, and the recommendation
+    answers every larger world size at this tp with the M* measured, estimated (a rank
+    holds no more as the world grows: ``MeshShape.bounds``, as ``tuner.answer.decide``
+    reads it) and refuses smaller ones. One process is W = 1 only."""
+    [point] = points
+    if mode == "none":
+        return ModeSeries(mode, points, note="one process: W = 1 only", tp=tp)
+    measured = MeshShape(point.world_size, tp)
+    larger = [
+        w
+        for w in drawn_sizes([point.world_size], end, tp)
+        if w != point.world_size and measured.bounds(MeshShape(w, tp))
+    ]
+    if not larger:
+        return ModeSeries(mode, points, note="one world size measured: nothing to estimate", tp=tp)
+    note = (
+        "one world size measured: larger ones are estimated at its M* (a rank holds no "
+        "more as the world grows), smaller ones are not answered"
+    )
+    estimate = dict.fromkeys(larger, point.max_micro_batch_size)
+    return ModeSeries(mode, points, estimate=estimate, note=note, tp=tp)
 
 
 def _runs(sizes: list[int], step: int) -> str:

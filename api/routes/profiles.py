@@ -10,6 +10,7 @@ from api import service
 from api.deps import DatabaseDep, ReadAccess, UploadAccess
 from api.store import profiles as store
 from api.store.variants import variants_of
+from tuner.core import memory_viz
 from tuner.core.wire.common import INT32_MAX, QueryInt
 from tuner.core.wire.profiles import (
     PrintedProfile,
@@ -52,6 +53,22 @@ def list_profiles(
 def get_profile(profile_id: ProfileId, db: DatabaseDep, caller: ReadAccess) -> ProfilePublic:
     """One profile with its probes."""
     return service.get_profile(db, profile_id, project_id=caller.project)
+
+
+@router.get(
+    "/{profile_id}/memory-snapshot",
+    response_class=Response,
+    responses={200: {"content": {memory_viz.MEDIA_TYPE: {}}}},
+)
+def get_memory_snapshot(profile_id: ProfileId, db: DatabaseDep, caller: ReadAccess) -> Response:
+    """The memory timeline of the step at M*, as a pickled snapshot that PyTorch's memory
+    viewer (pytorch.org/memory_viz) opens; 404 when none was recorded."""
+    name, content = service.memory_snapshot(db, profile_id, project_id=caller.project)
+    return Response(
+        content,
+        media_type=memory_viz.MEDIA_TYPE,
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+    )
 
 
 @router.get("/{profile_id}/variants")

@@ -18,6 +18,7 @@ from api import models
 from tuner.answer.evidence import DeviceRow, OomRow, ProfileRow, WorkloadRow
 from tuner.core.parallel import Parallel
 from tuner.core.results import AffineFit, MemoryBreakdown, ProbeResult
+from tuner.core.speeds import SpeedCurve
 
 _W, _D, _P, _Pr, _O = (
     models.Workload,
@@ -185,6 +186,7 @@ _PROFILES_ON_DEVICE = _PROFILES.where(_P.device_id == bindparam("device_id"))
 _PROBES = (
     select(*_PROBE_COLUMNS).where(_Pr.profile_id.in_(_IDS)).order_by(_Pr.profile_id, _Pr.ordinal)
 )
+_SPEEDS = select(_P.speeds).where(_P.id == bindparam("id"))
 _OOM_REPORTS = select(
     _O.id,
     _O.workload_id,
@@ -244,3 +246,7 @@ class SqlEvidence:
             return []
         rows = self._connection.execute(_OOM_REPORTS, {"ids": list(workload_ids)})
         return [OomRow(*row) for row in rows]
+
+    def speeds(self, profile_id: int) -> SpeedCurve | None:
+        stored = self._connection.execute(_SPEEDS, {"id": profile_id}).scalar()
+        return SpeedCurve.model_validate(stored) if stored else None

@@ -27,6 +27,8 @@ from tuner.answer.evidence import ProfileRow, workload_info
 from tuner.core import results
 from tuner.core.errors import ConflictError, NotFoundError
 from tuner.core.parallel import Parallel
+from tuner.core.speeds import SpeedCurve
+from tuner.core.timeline import MemoryTimeline
 from tuner.core.wire.common import API_PREFIX, PageQuery
 from tuner.core.wire.devices import DeviceCreate
 from tuner.core.wire.profiles import ProfilePublic, ProfileQuery, ProfileSummary
@@ -434,6 +436,7 @@ def _profile_row(
             else None
         ),
         **variant_columns(profile),
+        speeds=profile.speeds.model_dump(mode="json") if profile.speeds else None,
         wall_time_s=profile.wall_time_s,
         world_size=profile.world_size,
         tp=profile.parallel.tp,
@@ -458,6 +461,7 @@ def _profile_row(
                 steps_run=probe.steps_run,
                 wall_time_s=probe.wall_time_s,
                 error=probe.error,
+                timeline=probe.timeline.model_dump(mode="json") if probe.timeline else None,
             )
             for index, probe in enumerate(profile.probes)
         ],
@@ -515,6 +519,7 @@ def to_result(row: models.Profile) -> results.Profile:
                 steps_run=p.steps_run,
                 wall_time_s=p.wall_time_s,
                 error=p.error,
+                timeline=MemoryTimeline.model_validate(p.timeline) if p.timeline else None,
             )
             for p in row.probes
         ],
@@ -523,6 +528,7 @@ def to_result(row: models.Profile) -> results.Profile:
         else None,
         fit=fit,
         **variant_fields(row),
+        speeds=SpeedCurve.model_validate(row.speeds) if row.speeds else None,
         settings=results.ProbeSettings.model_validate(row.settings),
         world_size=row.world_size,
         parallel=Parallel.model_validate(row.parallel),

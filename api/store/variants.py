@@ -10,9 +10,10 @@ from sqlalchemy.orm import Session
 
 from api import models
 from api.store.projects import in_project
+from tuner.answer.local import answer_from
 from tuner.core import results
 from tuner.core.errors import ConflictError
-from tuner.core.wire.variants import VariantPublic, VariantsPublic
+from tuner.core.wire.variants import VariantPlan, VariantPublic, VariantsPublic
 
 
 def variant_columns(profile: results.Profile) -> dict[str, Any]:
@@ -86,5 +87,27 @@ def _public(row: models.Profile) -> VariantPublic:
         peak_bytes=probe.peak_reserved_bytes if probe is not None else None,
         samples_per_second=probe.samples_per_second if probe is not None else None,
         chosen=bool(row.variant_chosen),
+        plan=_plan(row),
         created_at=row.created_at,
+    )
+
+
+def _plan(row: models.Profile) -> VariantPlan | None:
+    """The variant's answer for the batch its curve was timed for (the one answer
+    function, over this profile alone): the plan and speed its exploration compared."""
+    from api.store.profiles import to_result
+
+    if not row.speeds or row.max_micro_batch_size < 1:
+        return None
+    profile = to_result(row)
+    per_rank = profile.speeds.per_rank_batch_size if profile.speeds else None
+    if per_rank is None:
+        return None
+    answer = answer_from(profile, global_batch_size=per_rank * profile.mesh.dp)
+    return VariantPlan(
+        global_batch_size=answer.global_batch_size,
+        split=answer.split,
+        grad_accum=answer.grad_accum,
+        samples_per_second=answer.expected_samples_per_second,
+        speed_spread=answer.expected_speed_spread,
     )

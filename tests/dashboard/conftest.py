@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -124,16 +125,26 @@ def signed_in(tab: Tab, token: str) -> Tab:
     return tab
 
 
-def _tab(browser: Browser, server: ServerThread, label: str) -> Iterator[Tab]:
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
+@contextmanager
+def open_tab(
+    browser: Browser, url: str, label: str, size: tuple[int, int] = (1280, 800)
+) -> Iterator[Tab]:
+    """A fresh browser context (no cookies) of ``size`` on the service at ``url``; its
+    console is checked on the way out."""
+    context = browser.new_context(viewport={"width": size[0], "height": size[1]})
     page = context.new_page()
     page.set_default_timeout(10_000)
-    tab = Tab(page, server.url, label)
+    tab = Tab(page, url, label)
     try:
         yield tab
         tab.check()
     finally:
         context.close()
+
+
+def _tab(browser: Browser, server: ServerThread, label: str) -> Iterator[Tab]:
+    with open_tab(browser, server.url, label) as tab:
+        yield tab
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 ``tests/dashboard/test_landing.py`` (three runs of one model, explored variants, three
 sequence lengths, nothing fits, a GPU with an out-of-memory report) plus a few jobs and
 workers, served for real and shot in Chromium at 1440×900 and 390×844 (the top of each
-page, as a reader first sees it; the variants panel of an explored profile).
+page, as a reader first sees it; the variants panel of an explored profile; the memory
+timeline of a profile measured for real).
 
     python -m tests.dashboard.screenshots docs/screenshots
 """
@@ -18,6 +19,7 @@ from playwright.sync_api import sync_playwright
 from tests.dashboard.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.dashboard.data import api, claim, fail, queue_job, register_worker
 from tests.dashboard.test_landing import VIEWPORTS, _fleet
+from tests.timeline_profiles import measured_profile
 
 
 def main(target: Path) -> None:
@@ -26,13 +28,21 @@ def main(target: Path) -> None:
         fleet_of = _fleet(f"sqlite:///{Path(directory) / 'tuner.db'}", "sqlite")
         fleet = next(fleet_of)
         with api(fleet.url, fleet.token) as client:
-            worker = register_worker(client, "gpu-box-1", "NVIDIA A100 40GB")
+            worker = register_worker(client, "gpu-box-1", "NVIDIA A100 80GB")
             register_worker(client, "gpu-box-2", "NVIDIA H100 80GB")
-            queue_job(client, "NVIDIA A100 40GB", seq_len=512)
+            # By the worker's device key: the store's profiled A100 has the same name.
+            a100 = worker["device_key"]
+            queue_job(client, a100, seq_len=512)
             fail(client, claim(client, worker["id"]), "CUDA driver 535 is too old for torch 2.13")
-            queue_job(client, "NVIDIA A100 40GB", layers=8)
+            queue_job(client, a100, layers=8)
             queue_job(client, "NVIDIA H100 80GB")
             workload_id = client.get(f"/api/v1/profiles/{fleet.ids['ddp2']}").json()["workload_id"]
+            # A profile measured for real, with the memory timeline of its step at M*.
+            uploaded = client.post(
+                "/api/v1/profiles", json=measured_profile().model_dump(mode="json")
+            )
+            uploaded.raise_for_status()
+            timeline_id = uploaded.json()["id"]
         pages = {
             "landing": "/",
             "profiles": "/profiles",
@@ -40,11 +50,17 @@ def main(target: Path) -> None:
             "profile-ddp": f"/profiles/{fleet.ids['ddp2']}",
             # Scrolled to the variants compared, the one the exploration chose marked.
             "profile-variants": f"/profiles/{fleet.ids['variant1']}#variants",
+            # Scrolled to the memory over the step at M*, its phases and peak.
+            "profile-timeline": f"/profiles/{timeline_id}#timeline",
             "workloads": "/workloads",
             "workload": f"/workloads/{workload_id}",
+            # Scrolled to M* against world size: DDP at 2 and 4 ranks, one process.
+            "workload-world-sizes": f"/workloads/{workload_id}#world-sizes",
             "family": "/families/" + "gpt-len".ljust(24, "f"),
             "devices": "/devices",
             "jobs": "/jobs",
+            "failures": "/failures",
+            "compare": f"/compare?a={fleet.ids['one']}&b={fleet.ids['ddp2']}",
             "not-found": "/no/such/page",
         }
         with sync_playwright() as playwright:

@@ -32,7 +32,7 @@ from api.main import create_app
 from tests.api.conftest import fresh_postgres_database, make_token
 from tests.api.documents import sample_profile
 from tests.api.test_variants import explored
-from tests.dashboard.conftest import SCREENSHOTS, Tab, signed_in
+from tests.dashboard.conftest import SCREENSHOTS, Tab, open_tab, signed_in
 from tests.dashboard.data import T0, cuda_profile, nothing_fits_profile, store
 from tests.dashboard.test_world_sizes import DDP_KEY, ddp_profile
 from tests.services import ServerThread
@@ -123,16 +123,9 @@ def api(base_url: str, token: str) -> httpx.Client:
 
 @pytest.fixture(params=list(VIEWPORTS))
 def tab(request: pytest.FixtureRequest, browser: Browser, fleet: Fleet) -> Iterator[Tab]:
-    width, height = VIEWPORTS[request.param]
-    context = browser.new_context(viewport={"width": width, "height": height})
-    page = context.new_page()
-    page.set_default_timeout(10_000)
-    opened = Tab(page, fleet.url, f"{fleet.label}-{request.param}")
-    try:
+    label = f"{fleet.label}-{request.param}"
+    with open_tab(browser, fleet.url, label, VIEWPORTS[request.param]) as opened:
         yield signed_in(opened, fleet.token)
-        opened.check()
-    finally:
-        context.close()
 
 
 def api_answer(fleet: Fleet, query: str) -> tuple[int, dict[str, Any]]:
@@ -203,9 +196,9 @@ def ask(page: Page, **fields: str) -> None:
 
 
 def test_the_landing_page_answers_as_the_api_does(tab: Tab, fleet: Fleet) -> None:
-    page = tab.open("/")
     gpu = fleet.gpu
-    # Asked first: the newest profile's run (a 40 GiB GPU, one process).
+    # The GPU's workload asked: its newest profile's run (a 40 GiB GPU, one process).
+    page = tab.open(f"/?workload={gpu.workload_key}")
     assert page.locator("#calc-workload").input_value() == gpu.workload_key
     assert page.locator("#calc-device").input_value() == gpu.device_key
     assert page.locator("#calc-world").input_value() == "1"
@@ -242,7 +235,7 @@ def test_the_landing_page_answers_as_the_api_does(tab: Tab, fleet: Fleet) -> Non
 
 
 def test_a_refused_question_shows_the_apis_own_message(tab: Tab, fleet: Fleet) -> None:
-    page = tab.open("/?global_batch_size=100&world_size=3")
+    page = tab.open(f"/?workload={fleet.gpu.workload_key}&global_batch_size=100&world_size=3")
     status, body = api_answer(
         fleet,
         f"workload={fleet.gpu.workload_key}&device={fleet.gpu.device_key}"
@@ -547,8 +540,8 @@ def wait_for_field(page: Page, selector: str, value: str) -> None:
 
 def test_another_workload_asks_at_its_own_world_size_and_mode(tab: Tab, fleet: Fleet) -> None:
     ids = fleet.ids
-    # Landing on the GPU profile's run (one process); then the DDP workload is chosen.
-    page = tab.open("/")
+    # On the GPU profile's run (one process); then the DDP workload is chosen.
+    page = tab.open(f"/?workload={fleet.gpu.workload_key}")
     assert page.locator("#calc-world").input_value() == "1"
     with page.expect_response(lambda r: "workload=" in r.url):
         page.select_option("#calc-workload", DDP_KEY)
@@ -579,7 +572,7 @@ def test_another_workload_asks_at_its_own_world_size_and_mode(tab: Tab, fleet: F
     fits_the_width(page)
 
     # A world size set in the URL, or typed, stays; the mode still follows the workload.
-    page = tab.open("/?world_size=8")
+    page = tab.open(f"/?workload={fleet.gpu.workload_key}&world_size=8")
     with page.expect_response(lambda r: "workload=" in r.url):
         page.select_option("#calc-workload", DDP_KEY)
     wait_for_field(page, "#calc-parallel", "ddp")

@@ -114,7 +114,7 @@ def test_the_mesh_tells_runs_apart_on_every_page(tab: Tab, database: Database, r
     assert series["fsdp-tp2-estimated"][xs.index(2)] is not None
     assert series["fsdp-tp2-estimated"][xs.index(16)] is None
     labels = page.locator("#world-sizes h4[data-tp='2']").inner_text()
-    assert labels.startswith("fsdp × tp 2")
+    assert labels.startswith("■ fsdp × tp 2")  # its marker's sign, then its name
     caption = page.locator("table.ranks[data-tp='2'][data-world-size='4'] caption")
     assert "2 × 2 mesh" in caption.inner_text()
     assert f"#{ids[4, 2]}" in caption.inner_text()

@@ -48,7 +48,7 @@ def test_variants_must_list_alternatives() -> None:
 def test_a_workload_without_a_target_cannot_be_explored() -> None:
     backend = CpuBackend(LIMIT)
     with pytest.raises(BadInputError, match="load_workload"):
-        explore(stack(), backend, lambda w: profile_workload(w, backend), global_batch_size=8)
+        explore(stack(), lambda w: profile_workload(w, backend), global_batch_size=8)
 
 
 def test_the_choice_is_the_fastest_measured_plan_and_keeps_the_global_batch_exact() -> None:
@@ -61,7 +61,7 @@ def test_the_choice_is_the_fastest_measured_plan_and_keeps_the_global_batch_exac
         return measured[-1]
 
     loaded = profile_workload(workload, backend)
-    exploration = explore(workload, backend, measure, global_batch_size=24, done=loaded)
+    exploration = explore(workload, measure, global_batch_size=24, done=loaded)
     # The loaded workload's profile is reused, the three other variants measured.
     assert len(measured) == 3
     assert exploration.variants[0].profile.created_at == loaded.created_at

@@ -61,3 +61,24 @@ def test_profiling_on_cuda_leaves_the_model_and_optimizer_as_they_were() -> None
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert len(optimizer.state) == 0
     assert all(torch.equal(a, b) for a, b in zip(rng, torch.cuda.get_rng_state_all(), strict=True))
+
+
+def test_the_timeline_at_max_is_replayed_from_torchs_memory_history() -> None:
+    # Written without a GPU at hand (the CUDA stand-in is tests/engine/test_timeline_cuda.py):
+    # the bound on the difference is the allocator's slack, a cached block handed out whole.
+    backend = make_backend("cuda", memory_limit_bytes=4 * GiB)
+    profile = profile_workload(_gpt(), backend, size_cap=512)
+    best = profile.probe_at(profile.max_micro_batch_size)
+    assert best is not None
+    assert best.timeline is not None
+    timeline = best.timeline
+    assert timeline.source == "cuda-memory-history"
+    assert best.peak_allocated_bytes is not None
+    assert abs(timeline.peak_bytes - best.peak_allocated_bytes) <= 0.02 * best.peak_allocated_bytes
+    assert [s.phase for s in timeline.phases] == [
+        "forward",
+        "backward",
+        "forward",
+        "backward",
+        "optimizer",
+    ]

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tests.train.lightning_modules import TokenModel, trainer
-from tuner.train.fastest import TimedSplit, candidate_micro_batches, fastest
+from tuner.core.speeds import SpeedCurve, TimedSize
+from tuner.train.fastest import candidate_micro_batches, fastest, timed_splits
 from tuner.train.lightning import TunerCallback
 
 # Lightning's own pytree helper trips a deprecation in this torch; nothing of ours.
@@ -31,18 +32,24 @@ def test_candidates_divide_the_batch_and_halve_from_the_fewest_steps(
 @pytest.mark.parametrize(
     ("smaller", "chosen", "says"),
     [
-        ((120.0, 118.0, 119.0), 16, "more than the spread of the rounds (2%)"),
-        ((103.0, 101.0, 98.0), 32, "3% faster than of 32, within the spread of the rounds (5%)"),
-        ((90.0, 89.0, 88.0), 32, "the fewest micro batches were also the fastest"),
+        ((0.0080, 0.0081, 0.0082), 16, "more than the spread of the timed rounds (2%)"),
+        ((0.0097, 0.0099, 0.0102), 32, "3% faster, within the spread of the timed rounds (5%)"),
+        ((0.0110, 0.0111, 0.0112), 32, "the fewest that divide the batch, also the fastest"),
     ],
     ids=["beyond-spread", "within-spread", "fewest-fastest"],
 )
 def test_a_smaller_split_wins_only_beyond_the_spread(
     smaller: tuple[float, ...], chosen: int, says: str
 ) -> None:
-    fewest = TimedSplit(32, (100.0, 99.0, 98.0))
-    picked, why = fastest([fewest, TimedSplit(16, smaller)])
-    assert picked.micro_batch_size == chosen
+    speeds = SpeedCurve(
+        sizes=[
+            TimedSize(micro_batch_size=16, seconds_per_sample=list(smaller)),
+            TimedSize(micro_batch_size=32, seconds_per_sample=[0.0100, 0.0101, 0.0102]),
+        ],
+        optimizer_seconds=0.0,
+    )
+    picked, why = fastest(speeds, 64, [32, 16])
+    assert picked == chosen
     assert says in why
 
 
@@ -69,8 +76,10 @@ def test_the_callback_times_its_candidates_and_keeps_the_global_batch(tmp_path: 
     # M* is 5 for the longest sample at 2 MiB: 4, 2 and 1 divide 64.
     assert [t.micro_batch_size for t in tuned.timed] == [4, 2, 1]
     assert all(len(t.speeds) == 3 and t.samples_per_second > 0 for t in tuned.timed)
-    picked, why = fastest(list(tuned.timed))
-    assert (tuned.micro_batch_size, tuned.timing_reason) == (picked.micro_batch_size, why)
+    assert tuned.speeds is not None
+    assert tuned.timed == tuple(timed_splits(tuned.speeds, 64))
+    picked, why = fastest(tuned.speeds, 64, [4, 2, 1])
+    assert (tuned.micro_batch_size, tuned.timing_reason) == (picked, why)
     assert module.batch_size * fitted.accumulate_grad_batches == 64
     assert tuned.timing_s > 0
     assert all(torch.equal(seen[k], weights[k]) for k in weights)  # timing trained nothing

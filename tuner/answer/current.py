@@ -24,6 +24,7 @@ from datetime import datetime
 from tuner.answer.evidence import OomRow, ProfileRow
 from tuner.core.results import ProbeResult
 from tuner.core.shape import MeshShape
+from tuner.core.speeds import SpeedCurve
 
 
 def newest(profiles: Iterable[ProfileRow]) -> ProfileRow | None:
@@ -83,6 +84,18 @@ def profile_cap(profile: ProfileRow, reports: Iterable[OomRow]) -> int | None:
     return oom_cap(reports, profile.workload_id, profile.device_id, since=profile.received_at)
 
 
+def capped_profile(report: OomRow, profiles: Iterable[ProfileRow]) -> ProfileRow | None:
+    """The profile a report caps, to point a reader at: the one its plan came from when
+    the reporter said, else the pair's newest received before the report (what answers
+    were read from when training ran out of memory); ``None`` where the pair had none."""
+    pair = of_pair(profiles, report.workload_id, report.device_id)
+    if report.profile_id is not None:
+        named = [p for p in pair if p.id == report.profile_id]
+        if named:
+            return named[0]
+    return newest(p for p in pair if p.received_at < report.created_at)
+
+
 def footprint(probe: ProbeResult | None) -> int | None:
     """Reserved peak + memory outside torch + CPU collective copies; ``None`` when the
     probe did not finish (or there is none)."""
@@ -102,6 +115,12 @@ def timed(profile: ProfileRow, probes: Sequence[ProbeResult]) -> Sequence[ProbeR
     if not profile.simulated_ranks:
         return probes
     return [p.model_copy(update={"samples_per_second": None, "step_time_s": None}) for p in probes]
+
+
+def speed_curve(profile: ProfileRow, speeds: SpeedCurve | None) -> SpeedCurve | None:
+    """The speed curve an answer may compare splits by: none where one process stood for
+    the ranks of a fake world (as :func:`timed`)."""
+    return None if profile.simulated_ranks else speeds
 
 
 def speed_at_max(profile: ProfileRow, probes: Sequence[ProbeResult]) -> float:

@@ -504,6 +504,7 @@ class _Answering:
             mesh=self.mesh,
             policy=self.question.policy,
             oom_limit=self._below(limit),
+            speeds=current.speed_curve(found, self.evidence.speeds(found.id)),
         )
         source = _Source(
             found.id,

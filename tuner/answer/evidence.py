@@ -18,6 +18,7 @@ from typing import Protocol
 from tuner.core.parallel import Parallel
 from tuner.core.results import AffineFit, ProbeResult, Profile, WorkloadInfo
 from tuner.core.shape import MeshShape
+from tuner.core.speeds import SpeedCurve
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +169,11 @@ class Evidence(Protocol):
         """Every OOM report of these workloads."""
         ...
 
+    def speeds(self, profile_id: int) -> SpeedCurve | None:
+        """The speed curve the profile was timed with, if any (read for the one profile an
+        answer comes from, not for every row a question looks at)."""
+        ...
+
 
 class MemoryEvidence:
     """Evidence held in this process: rows built from profiles in hand (a plan made
@@ -186,6 +192,7 @@ class MemoryEvidence:
         self._profiles = [row for row, _ in profiles]
         self._probes = {row.id: list(probes) for row, probes in profiles}
         self._ooms = list(oom_reports)
+        self._speeds: dict[int, SpeedCurve] = {}
         for row in self._profiles:
             self._probes.setdefault(row.id, [])
 
@@ -246,7 +253,13 @@ class MemoryEvidence:
                 simulated_ranks=profile.settings.simulated_ranks,
             )
             rows.append((row, profile.probes))
-        return cls(workloads=workloads.values(), devices=devices.values(), profiles=rows)
+        evidence = cls(workloads=workloads.values(), devices=devices.values(), profiles=rows)
+        evidence._speeds = {
+            index: profile.speeds
+            for index, profile in enumerate(profiles, start=1)
+            if profile.speeds is not None
+        }
+        return evidence
 
     def workloads(self, reference: str) -> Sequence[WorkloadRow]:
         return [row for row in self._workloads if reference in (row.key, row.name)]
@@ -271,3 +284,6 @@ class MemoryEvidence:
 
     def oom_reports(self, workload_ids: Collection[int]) -> Sequence[OomRow]:
         return [row for row in self._ooms if row.workload_id in workload_ids]
+
+    def speeds(self, profile_id: int) -> SpeedCurve | None:
+        return self._speeds.get(profile_id)

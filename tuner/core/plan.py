@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from tuner.core.errors import BadInputError, NothingFitsError
 from tuner.core.results import AffineFit, ProbeResult
 from tuner.core.shape import ONE_PROCESS, MeshShape
+from tuner.core.speeds import SpeedCurve
 
 Policy = Literal["balanced", "max", "even", "throughput"]
 POLICIES: tuple[str, ...] = get_args(Policy)
@@ -86,6 +87,9 @@ class Recommendation(BaseModel):
     expected_peak_bytes: int | None
     expected_samples_per_second: float | None
     basis: Basis
+    # How far apart the timed rounds behind ``expected_samples_per_second`` lay, as a
+    # fraction of it (``tuner.core.speeds``); None where the speed is a single probe's.
+    expected_speed_spread: float | None = None
     # Device capacity less the expected footprint; None where either is unknown.
     expected_headroom_bytes: int | None = None
     # Why the policy chose this split, in one line a person reads.
@@ -212,18 +216,23 @@ def recommend(
     policy: str = DEFAULT_POLICY,
     basis: Basis = "measured",
     capacity_bytes: int | None = None,
+    speeds: SpeedCurve | None = None,
 ) -> Recommendation:
     """Choose the micro batch and accumulation steps for ``B`` samples over ``W`` ranks.
 
     - ``balanced`` (default): ``k = ⌈b / M*⌉`` micro batches whose sizes differ by at most
-      one (``balanced_runs``): as few steps as ``max``, a peak no higher.
+      one (``balanced_runs``): as few steps as ``max``, a peak no higher. With a speed
+      curve (``speeds``, timed after ``M*``), a split into more, smaller micro batches
+      instead when the curve has it faster by more than the spread of the timed rounds
+      (:func:`fastest_balanced`).
     - ``max``: the largest fitting micro batch, ``min(M*, b)``, then the remainder.
     - ``even``: the largest divisor of ``b`` not above ``M*`` whose throughput is within
       5% of ``max``'s (every micro batch then has the same size).
     - ``throughput``: the fitting probe with the highest measured samples per second.
 
-    The expected peak and speed are those of the probe at the chosen micro batch, else of
-    the smallest larger size that was probed and fit: a measured upper bound on the peak.
+    The expected peak is that of the probe at the chosen micro batch, else of the smallest
+    larger size that was probed and fit: a measured upper bound on the peak. The expected
+    speed is the curve's for the whole step where it covers the split, else the probe's.
     """
     if policy not in POLICIES:
         raise BadInputError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
@@ -233,11 +242,21 @@ def recommend(
             "no micro batch size fits on this device, so no recommendation can be made"
         )
     largest = min(max_micro_batch_size, per_rank)
-    speeds = _measured_speeds(probes)
-    split, reason = _choose(policy, per_rank, largest, max_micro_batch_size, speeds)
+    speeds_at = _measured_speeds(probes)
+    timed = None
+    if policy == "balanced":
+        timed = fastest_balanced(per_rank, largest, max_micro_batch_size, speeds)
+    if timed is not None:
+        split, reason = timed
+    else:
+        split, reason = _choose(policy, per_rank, largest, max_micro_batch_size, speeds_at)
     micro = split[0].size  # the largest: every policy runs it first
     probe = _probe_at_or_above(probes, micro)
     footprint = probe.footprint_bytes if probe is not None else None
+    expected_speed = probe.samples_per_second if probe is not None else None
+    spread = None
+    if speeds is not None and speeds.samples_per_second(split) is not None:
+        expected_speed, spread = speeds.samples_per_second(split), speeds.spread(split)
     return Recommendation(
         micro_batch_size=micro,
         grad_accum=sum(count for _, count in split),
@@ -248,15 +267,18 @@ def recommend(
         policy=policy,  # type: ignore[arg-type]
         max_micro_batch_size=max_micro_batch_size,
         expected_peak_bytes=probe.peak_bytes if probe is not None else None,
-        expected_samples_per_second=probe.samples_per_second if probe is not None else None,
+        expected_samples_per_second=expected_speed,
         basis=basis,
+        expected_speed_spread=spread,
         expected_headroom_bytes=(
             capacity_bytes - footprint
             if capacity_bytes is not None and footprint is not None
             else None
         ),
         reason=reason,
-        measured_samples_per_second={m: v for m, v in speeds.items() if m <= max_micro_batch_size},
+        measured_samples_per_second={
+            m: v for m, v in speeds_at.items() if m <= max_micro_batch_size
+        },
         tp=mesh.tp,
     )
 
@@ -311,6 +333,75 @@ def _choose(
     return split, f"max: {why}"
 
 
+def fastest_balanced(
+    per_rank: int, largest: int, m_star: int, speeds: SpeedCurve | None
+) -> tuple[list[Run], str] | None:
+    """The balanced split the speed curve trains fastest, and why; ``None`` without a
+    curve that covers the fewest-steps split (then ``balanced`` is the fewest).
+
+    The candidates are the fewest micro batches that fit, ``balanced_runs(b, M*)``, and
+    for each timed size ``s`` below it the balanced split into ``⌈b / s⌉`` micro batches,
+    compared by :func:`fastest_split`.
+    """
+    if speeds is None:
+        return None
+    fewest = balanced_runs(per_rank, largest)
+    candidates = [fewest]
+    for timed in speeds.sizes:
+        runs = balanced_runs(per_rank, timed.micro_batch_size)
+        if timed.micro_batch_size < fewest[0].size and runs not in candidates:
+            candidates.append(runs)
+    found = fastest_split(candidates, speeds, fewest_is=f"the fewest that fit M* = {m_star}")
+    if found is None:
+        return None
+    chosen, why = found
+    timed_note = ", timed" if chosen is not fewest else ""
+    return chosen, f"balanced{timed_note}: {why}"
+
+
+def fastest_split(
+    candidates: list[list[Run]], speeds: SpeedCurve, *, fewest_is: str
+) -> tuple[list[Run], str] | None:
+    """The candidate split to train, and why; the first is the fewest micro batches, and
+    ``None`` when the curve does not cover it.
+
+    The fastest by the curve (:mod:`tuner.core.speeds`; candidates it does not cover are
+    left out) replaces the fewest only when its gain, ``T(fewest) / T(fastest) − 1``,
+    exceeds the spread of the two: a difference the timing cannot tell from noise changes
+    nothing.
+    """
+    fewest = candidates[0]
+    base = speeds.step_seconds(fewest)
+    if base is None:
+        return None
+    seconds = {i: speeds.step_seconds(runs) for i, runs in enumerate(candidates)}
+    best = min((i for i, t in seconds.items() if t is not None), key=lambda i: seconds[i] or 0)
+    fastest, fastest_seconds = candidates[best], seconds[best] or base
+    what = _micro_batches(fewest)
+    if best == 0:
+        return fewest, f"{what}, {fewest_is}, also the fastest of the splits timed"
+    gain = base / fastest_seconds - 1
+    noise = max(speeds.spread(fewest), speeds.spread(fastest))
+    other = _micro_batches(fastest)
+    if gain > noise:
+        return fastest, (
+            f"{other} train {gain:.0%} faster than the fewest ({what}), more than the "
+            f"spread of the timed rounds ({noise:.0%})"
+        )
+    return fewest, (
+        f"{what}, {fewest_is}; {other} timed {gain:.0%} faster, within the spread of the "
+        f"timed rounds ({noise:.0%}), which cannot tell them apart"
+    )
+
+
+def _micro_batches(runs: list[Run]) -> str:
+    """``16 micro batches of 16``, or ``4 micro batches (2×63 + 2×62)``."""
+    count = sum(times for _, times in runs)
+    if len(runs) == 1:
+        return f"{count} micro batch{'es' if count != 1 else ''} of {runs[0].size}"
+    return f"{count} micro batches ({format_runs(runs)})"
+
+
 def below_oom(max_micro_batch_size: int, oom_limit: int | None) -> int:
     """``M*`` once training reported running out of memory at ``oom_limit``: below it."""
     if oom_limit is None:
@@ -347,9 +438,10 @@ def recommend_measured(
     mesh: MeshShape = ONE_PROCESS,
     policy: str = DEFAULT_POLICY,
     oom_limit: int | None = None,
+    speeds: SpeedCurve | None = None,
 ) -> Recommendation:
-    """The recommendation from a profile of this very device (its ``M*`` and probes), kept
-    below a micro batch that ran out of memory in training."""
+    """The recommendation from a profile of this very device (its ``M*``, probes and speed
+    curve), kept below a micro batch that ran out of memory in training."""
     largest = below_oom(max_micro_batch_size, oom_limit)
     if largest < 1:
         _nothing_fits(max_micro_batch_size, oom_limit, estimated=False)
@@ -360,6 +452,7 @@ def recommend_measured(
         mesh=mesh,
         policy=policy,
         capacity_bytes=capacity_bytes,
+        speeds=speeds,
     )
 
 

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal, get_args
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from tuner.core.least_squares import fit_linear
 from tuner.core.parallel import Parallel
+from tuner.core.phases import PeakPhase
 from tuner.core.shape import MeshShape
+from tuner.core.speeds import SpeedCurve
+from tuner.core.timeline import MemoryTimeline
 
 # A workload option's value, as `-o name=value` parses it.
 VariantValue = str | int | float | bool | None
-# The phases of one optimizer step, in order; the peak of a step falls in one of them.
-PeakPhase = Literal["forward", "backward", "optimizer"]
-PEAK_PHASES: tuple[str, ...] = get_args(PeakPhase)
 # The name under which activations saved outside every top-level block are counted.
 OUTSIDE_BLOCKS = "(outside blocks)"
 
@@ -116,6 +116,11 @@ class ProbeResult(_Frozen):
     steps_run: int = 0
     wall_time_s: float = 0.0
     error: str | None = None
+    timeline: MemoryTimeline | None = Field(
+        default=None,
+        description="live bytes over the measured step, operator by operator, with its "
+        "phases and peak: kept for the probe at M* (tuner.core.timeline)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -257,6 +262,12 @@ class Profile(_Frozen):
         default=False,
         description="the variant its exploration chose: the fastest measured plan for the "
         "global batch (without one, the fastest at its own M*)",
+    )
+    speeds: SpeedCurve | None = Field(
+        default=None,
+        description="micro batches timed at a few sizes after M* was found, as training "
+        "runs them (tuner.core.speeds): what the answer compares splits by. None where "
+        "not timed (ranks, a fake world, --no-time-plans, profiles stored before)",
     )
     wall_time_s: float
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))

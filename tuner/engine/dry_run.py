@@ -70,8 +70,10 @@ class FakeBackend(CpuBackend):
         *,
         enforce_capacity: bool = True,
         stop_at: float = 1.0,
+        timeline: bool = False,
     ) -> Iterator[PeakReading]:
-        del enforce_capacity  # a prediction past the limit is still a prediction
+        # A prediction past the limit is still a prediction; it draws no timeline.
+        del enforce_capacity, timeline
         with self.mode, super().track(resident, enforce_capacity=False) as reading:
             yield reading
 

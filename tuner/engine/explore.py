@@ -2,17 +2,19 @@
 (activation checkpointing, precision, ...) and pick the fastest that keeps ``B`` exact.
 
 Each variant gets the same search and a profile of its own; the profiles share a
-``variant_group``. For a global batch ``B`` each variant's plan (``tuner.core.plan``'s
-default policy) is then run as training runs it, a timed optimizer step over its split,
-in interleaved rounds; a variant's speed is its fastest round and its spread how far its
-rounds lie apart::
+``variant_group``. Each variant's profile times its micro batches after ``M*``
+(:mod:`tuner.engine.speeds`; the speed curve of :mod:`tuner.core.speeds`, kept with the
+profile), and its plan for ``B`` is the one the answer gives from that curve, the fastest
+split of its own; a variant's speed is that plan's, per rank, with the spread of its
+timed rounds::
 
-    samples/s = (B / W) / seconds per optimizer step        (per rank)
-    spread    = (fastest − slowest round) / fastest
+    samples/s = (B / W) / (Σ m_i · s(m_i) + t_opt)
+    spread    = 1 − fastest round / slowest round       (of the sizes the plan runs)
 
 The variant as loaded stays the answer unless another is faster by more than the spread
 of the two (a difference the timing cannot tell from noise changes nothing the user
 chose); when the variant as loaded does not fit, the fastest that fits is the answer.
+Without a curve (a variant measured on ranks) its plan's speed is its probe's, one value.
 """
 
 from __future__ import annotations
@@ -26,23 +28,18 @@ from datetime import UTC, datetime
 from tuner.core.errors import BadInputError, WorkloadError
 from tuner.core.plan import Recommendation, recommend
 from tuner.core.results import Profile, VariantValue
-from tuner.engine.backends import Backend
-from tuner.engine.probe import Prober
 from tuner.engine.workload import Workload, load_workload, loaded_values, variant_options
 
 # Below this M* the CLI explores variants on its own: a micro batch that small leaves
 # most of a device idle, and a variant with less memory per sample may well train faster.
 EXPLORE_BELOW = 4
-# Rounds of timed steps per variant (each a warm-up step and a timed one): three, so that
-# a spread is seen at all.
-TIMING_ROUNDS = 3
 
 
 @dataclass(frozen=True)
 class VariantOutcome:
-    """One variant: its options, its profile, its plan for ``B`` and the measured speed
-    of that plan, its fastest round (``None`` where nothing fits or no ``B`` was given),
-    with the spread of its rounds (a fraction of the speed; ``None`` when not timed)."""
+    """One variant: its options, its profile, its plan for ``B`` and that plan's speed by
+    the profile's speed curve (``None`` where nothing fits or no ``B`` was given), with
+    the spread of the timed rounds it rests on (a fraction; ``None`` without a curve)."""
 
     options: dict[str, VariantValue]
     profile: Profile
@@ -95,7 +92,6 @@ Measure = Callable[[Workload], Profile]
 
 def explore(
     workload: Workload,
-    backend: Backend,
     measure: Measure,
     *,
     global_batch_size: int | None,
@@ -123,27 +119,24 @@ def explore(
         values = _json_values(options)
         profile = result.model_copy(update={"variant": values, "variant_group": group})
         measured.append((values, variant, profile, _plan(profile, global_batch_size, world_size)))
-    rounds = _timed_speeds(backend, [(w, p, plan) for _, w, p, plan in measured])
     outcomes = [
-        VariantOutcome(values, profile, plan, max(timed, default=None), spread_of(timed))
-        for (values, _, profile, plan), timed in zip(measured, rounds, strict=True)
+        VariantOutcome(
+            values,
+            profile,
+            plan,
+            plan.expected_samples_per_second if plan is not None else None,
+            plan.expected_speed_spread if plan is not None else None,
+        )
+        for values, _, profile, plan in measured
     ]
     chosen, reason = choose(outcomes)
     return Exploration(outcomes, chosen, reason)
 
 
-def spread_of(speeds: list[float]) -> float | None:
-    """How far timed rounds lie apart, as a fraction of the fastest; ``None`` for fewer
-    than two rounds (one round shows no spread)."""
-    if len(speeds) < 2 or max(speeds) <= 0:
-        return None
-    return (max(speeds) - min(speeds)) / max(speeds)
-
-
 def choose(outcomes: list[VariantOutcome]) -> tuple[VariantOutcome | None, str]:
     """The variant to train, and why. The first outcome is the variant as loaded: it stays
-    unless another is faster by more than the spread of the two, measured by a timed step
-    of its plan (without a global batch, by its probe at ``M*``); when it does not fit,
+    unless another is faster by more than the spread of the two, its plan's speed by its
+    speed curve (without a global batch, by its probe at ``M*``); when it does not fit,
     the fastest that fits. ``None`` when no variant fits at all."""
     fitting = [o for o in outcomes if o.profile.max_micro_batch_size >= 1]
     fastest = max(fitting, key=_speed, default=None)
@@ -186,30 +179,8 @@ def _plan(
         global_batch_size=global_batch_size,
         mesh=profile.parallel.mesh(world_size),
         capacity_bytes=profile.device.capacity_bytes,
+        speeds=profile.speeds,
     )
-
-
-def _timed_speeds(
-    backend: Backend, plans: list[tuple[Workload, Profile, Recommendation | None]]
-) -> list[list[float]]:
-    """Samples per second of each plan in each round, the rounds interleaved: a busy host
-    slows whichever variant runs during the busy spell, and the rounds of one variant show
-    how much that moves it. A plan under DDP or FSDP keeps its profile's speed (a timed step
-    needs every rank): one value, no spread."""
-    rounds: list[list[float]] = [[] for _ in plans]
-    for _ in range(TIMING_ROUNDS):
-        for index, (workload, profile, plan) in enumerate(plans):
-            if plan is None:
-                continue
-            if workload.parallel.distributed:
-                if plan.expected_samples_per_second is not None:
-                    rounds[index] = [plan.expected_samples_per_second]
-                continue
-            with backend.session(), Prober(workload, backend, headroom=profile.headroom) as prober:
-                rounds[index].append(
-                    plan.per_rank_batch_size / prober.time_split(plan.flat_split(), steps=1)
-                )
-    return rounds
 
 
 def _json_values(options: dict[str, object]) -> dict[str, VariantValue]:

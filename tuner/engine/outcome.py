@@ -78,6 +78,19 @@ def workload_info(workload: Workload, optimizer: torch.optim.Optimizer) -> Workl
     )
 
 
+def timeline_at_answer(probes: list[ProbeResult], answer: int) -> list[ProbeResult]:
+    """``probes`` with only the timeline of the probe that answers (the last fitting probe
+    at M*, the one the page shows) kept: the others' would only make the profile larger."""
+    keep = next(
+        (i for i in reversed(range(len(probes))) if probes[i].micro_batch_size == answer),
+        None,
+    )
+    return [
+        p if i == keep or p.timeline is None else p.model_copy(update={"timeline": None})
+        for i, p in enumerate(probes)
+    ]
+
+
 def build_profile(
     *,
     keys: tuple[str, str],
@@ -106,7 +119,7 @@ def build_profile(
         strategy=strategy,
         size_cap=size_cap,
         max_micro_batch_size=outcome.max_micro_batch_size,
-        probes=outcome.probes,
+        probes=timeline_at_answer(outcome.probes, outcome.max_micro_batch_size),
         oversize_probe=oversize,
         fit=AffineFit.through([(m, y) for m, y in measured if y is not None]),
         settings=settings,

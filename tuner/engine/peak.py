@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuner.core.results import OUTSIDE_BLOCKS, PEAK_PHASES, PeakPhase
+from tuner.core.phases import PEAK_PHASES, PeakPhase
+from tuner.core.results import OUTSIDE_BLOCKS
 from tuner.engine.backends import PeakReading
 from tuner.engine.backends.base import plain_tensors
 
@@ -124,7 +125,7 @@ def _unpack(tensor: torch.Tensor) -> torch.Tensor:
 
 def peak_phase(phases: PeakReading) -> PeakPhase | None:
     """The phase with the highest allocated peak (the earlier one on a tie), from a
-    reading whose phases are named after :data:`tuner.core.results.PEAK_PHASES`."""
+    reading whose phases are named after :data:`tuner.core.phases.PEAK_PHASES`."""
     measured = [
         (phases.phases[name], -index, name)
         for index, name in enumerate(PEAK_PHASES)

@@ -26,6 +26,7 @@ import torch
 
 from tuner.core.errors import WorkloadError
 from tuner.core.results import MemoryBreakdown, ProbeResult, ProbeSettings
+from tuner.core.speeds import SpeedCurve, TimedSize
 from tuner.engine.backends import (
     Backend,
     PeakReading,
@@ -69,10 +70,13 @@ class Prober:
         settings: ProbeSettings | None = None,
         rank: int = 0,
         locate: bool = False,
+        timeline: bool = False,
     ) -> None:
         self.workload = workload
         # Whether measured steps file saved activations under their blocks (tuner.engine.peak).
         self.locate = locate
+        # Whether measured steps record live bytes over time (tuner.engine.timeline).
+        self.timeline = timeline
         self.backend = backend
         self.settings = settings or ProbeSettings()
         self.headroom = headroom
@@ -154,6 +158,7 @@ class Prober:
             samples_per_second=samples / outcome.step_time_s if outcome.step_time_s > 0 else None,
             steps_run=progress.steps,
             wall_time_s=time.perf_counter() - started,
+            timeline=reading.timeline,
         )
 
     def _run(self, size: int, progress: _Progress, enforce_capacity: bool) -> _StepsOutcome:
@@ -169,7 +174,10 @@ class Prober:
                     progress.steps += 1
                     self._step(batch, scaler)
         with track(
-            self._resident(batch), enforce_capacity=enforce_capacity, stop_at=stop
+            self._resident(batch),
+            enforce_capacity=enforce_capacity,
+            stop_at=stop,
+            timeline=self.timeline,
         ) as reading:
             measure = _Measure(reading, BlockActivations(self.model) if self.locate else None)
             start = time.perf_counter()
@@ -202,9 +210,16 @@ class Prober:
         batches: list[Batch],
         scaler: torch.amp.GradScaler | None,
         measure: _Measure | None = None,
+        *,
+        clock: list[float] | None = None,
     ) -> None:
+        """One optimizer step over ``batches``. With ``clock``, the times (after the device
+        has finished) at its start, after the last backward and after the optimizer step."""
         count = len(batches)
         sizes = [batch_size_of(batch) for batch in batches]
+        if clock is not None:
+            self.backend.synchronize()
+            clock.append(time.perf_counter())
         self.optimizer.zero_grad(set_to_none=self.parallel.zero_grad_set_to_none)
         for index, batch in enumerate(batches):
             with sync_context(self.module, self.parallel, index, count):
@@ -221,11 +236,17 @@ class Prober:
                 self._between_micro_batches = self._held_between_micro_batches(batches[0])
         if measure is not None:
             self.backend.end_phase(measure.reading, "accumulate")
+        if clock is not None:
+            self.backend.synchronize()
+            clock.append(time.perf_counter())
         if scaler is not None:
             scaler.step(self.optimizer)
             scaler.update()
         else:
             self.optimizer.step()
+        if clock is not None:
+            self.backend.synchronize()
+            clock.append(time.perf_counter())
         if measure is not None:
             self.backend.end_phase(measure.reading, "optimizer")
             measure.parts.phases["optimizer"] = measure.reading.phases["optimizer"]
@@ -254,6 +275,48 @@ class Prober:
             return (time.perf_counter() - start) / steps
         finally:
             self._saved.restore()
+
+    def time_sizes(self, sizes: list[int], *, rounds: int) -> SpeedCurve:
+        """Micro batches of each size in ``sizes`` timed as training runs them, untracked,
+        in ``rounds`` interleaved rounds (a busy spell slows whichever size runs in it, and
+        a size's rounds show by how much): each step accumulates over about as many samples
+        as the largest size holds (``⌈largest / size⌉`` micro batches), then steps the
+        optimizer. The micro batches and the optimizer step are timed apart, so that a
+        plan of any batch is ``Σ m·s(m) + t_opt`` (:mod:`tuner.core.speeds`). One warm-up
+        step per size first; the model, optimizer and RNG are put back after every step."""
+        largest = max(sizes)
+        steps = {
+            size: [
+                to_device(
+                    self.workload.sample_batch(size, rank=self.sample_rank), self.backend.device
+                )
+            ]
+            * -(-largest // size)
+            for size in sizes
+        }
+        per_sample: dict[int, list[float]] = {size: [] for size in sizes}
+        optimizer: list[float] = []
+        self.module.train()
+        scaler = self._new_scaler()
+        try:
+            for warm in [True] + [False] * rounds:
+                for size in sizes:
+                    clock: list[float] = []
+                    self._accumulate_step(steps[size], scaler, clock=clock)
+                    self._saved.restore()
+                    if not warm:
+                        start, accumulated, stepped = clock
+                        per_sample[size].append((accumulated - start) / (size * len(steps[size])))
+                        optimizer.append(stepped - accumulated)
+        finally:
+            self._saved.restore()
+        return SpeedCurve(
+            sizes=[
+                TimedSize(micro_batch_size=m, seconds_per_sample=per_sample[m])
+                for m in sorted(sizes)
+            ],
+            optimizer_seconds=min(optimizer),
+        )
 
     def _watch_forward(self, measure: _Measure | None) -> AbstractContextManager[None]:
         if measure is None or measure.activations is None:

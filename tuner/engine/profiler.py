@@ -23,6 +23,7 @@ from tuner.engine.outcome import (
 from tuner.engine.parallel import check_parallel
 from tuner.engine.probe import Prober
 from tuner.engine.search import Strategy, run_search
+from tuner.engine.speeds import time_speeds as timed_speeds
 from tuner.engine.workload import Workload, factory_options
 
 
@@ -38,6 +39,8 @@ def profile_workload(
     world_size: int = 1,
     search: Strategy | None = None,
     fake_world: bool = False,
+    time_speeds: bool = True,
+    per_rank_batch_size: int | None = None,
 ) -> Profile:
     """Find the largest micro batch of ``workload`` that fits ``backend`` with ``headroom``.
 
@@ -56,6 +59,10 @@ def profile_workload(
     the plan divides the batch by, and the profile is one process's. With ``fake_world``
     this process stands for rank 0 of ``world_size`` on a fake process group instead
     (:mod:`tuner.engine.fake_world`): a world larger than the machine, measured.
+
+    In one process, once ``M*`` is found, ``time_speeds`` times micro batches at a few
+    sizes (:mod:`tuner.engine.speeds`; for the splits of ``per_rank_batch_size`` when
+    given) and the profile keeps that speed curve: the answer compares splits by it.
     """
     validate_search_settings(headroom=headroom, size_cap=size_cap, strategy=strategy)
     if fake_world:
@@ -94,7 +101,9 @@ def profile_workload(
     started = time.perf_counter()
     with (
         backend.session(),
-        Prober(workload, backend, headroom=headroom, settings=settings, locate=True) as prober,
+        Prober(
+            workload, backend, headroom=headroom, settings=settings, locate=True, timeline=True
+        ) as prober,
         DryRun(workload, backend, headroom=headroom) as dry_run,
     ):
         keys = (workload_key(workload, prober.optimizer), device_key(backend))
@@ -117,7 +126,10 @@ def profile_workload(
         if outcome.max_micro_batch_size == 0 and outcome.probes[0].oom and backend.kind == "cpu":
             oversize = prober(1, enforce_capacity=False)
         info = workload_info(workload, prober.optimizer)
-    return build_profile(
+        speeds = None
+        if time_speeds and outcome.max_micro_batch_size >= 1:
+            speeds = timed_speeds(prober, outcome.max_micro_batch_size, per_rank_batch_size)
+    profile = build_profile(
         keys=keys,
         workload=info,
         device=backend.describe(),
@@ -130,6 +142,7 @@ def profile_workload(
         settings=prober.settings,
         wall_time_s=time.perf_counter() - started,
     )
+    return profile.model_copy(update={"speeds": speeds})
 
 
 def nothing_fits_advice(profile: Profile, workload: Workload) -> str:

@@ -4,21 +4,24 @@ smaller ones, for the framework integrations (``time_splits=True``).
 Bigger micro batches are not always faster: on a GPU the speed curve flattens early for a
 small model or a long sequence, and a smaller micro batch can train faster for the same
 global batch. Each candidate divides the per-rank batch (the frameworks run equal micro
-batches only) and is at most ``M*``; each is run as training runs it, one optimizer step
-accumulating over the whole per-rank batch, in interleaved rounds (a busy spell slows
-whichever runs in it; the rounds show how much). A candidate replaces the fewest-steps
-plan only when it is faster by more than the spread of the two's rounds:
+batches only) and is at most ``M*``. Their micro batches are timed as training runs them,
+in interleaved rounds (:meth:`tuner.engine.probe.Prober.time_sizes`, the speed curve of
+:mod:`tuner.core.speeds`), and a candidate replaces the fewest-steps plan only when the
+curve has it faster by more than the spread of the two
+(:func:`tuner.core.plan.fastest_split`, which the service's answer uses too). Each round's
+speed of a candidate is that of a whole step over the per-rank batch ``b``:
 
-    samples/s = per-rank batch / seconds per optimizer step      (its fastest round)
-    spread    = (fastest − slowest round) / fastest
+    samples/s = b / (b · s(m) + t_opt)      (s(m): that round's seconds per sample at m)
+    spread    = 1 − fastest round / slowest round
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.core.plan import Run, fastest_split
+from tuner.core.speeds import SpeedCurve
 from tuner.engine.backends import Backend
-from tuner.engine.explore import spread_of
 from tuner.engine.probe import Prober
 from tuner.engine.workload import Workload
 
@@ -31,7 +34,7 @@ CANDIDATES = 4
 @dataclass(frozen=True)
 class TimedSplit:
     """One candidate: equal micro batches of ``micro_batch_size``, the samples per second
-    of each round."""
+    of a whole step in each round."""
 
     micro_batch_size: int
     speeds: tuple[float, ...]
@@ -42,7 +45,7 @@ class TimedSplit:
 
     @property
     def spread(self) -> float:
-        return spread_of(list(self.speeds)) or 0.0
+        return 1.0 - min(self.speeds) / max(self.speeds)
 
 
 def candidate_micro_batches(per_rank: int, largest: int, count: int = CANDIDATES) -> list[int]:
@@ -62,39 +65,35 @@ def time_micro_batches(
     workload: Workload,
     backend: Backend,
     *,
-    per_rank: int,
     sizes: list[int],
     headroom: float,
     rounds: int = ROUNDS,
-) -> list[TimedSplit]:
-    """Each size in ``sizes`` timed as one optimizer step over ``per_rank`` samples in equal
-    micro batches, ``rounds`` interleaved rounds; the model, optimizer and RNG are put back
-    after every step (:meth:`Prober.time_split`)."""
-    speeds: dict[int, list[float]] = {size: [] for size in sizes}
+) -> SpeedCurve:
+    """The speed curve at ``sizes``, ``rounds`` interleaved rounds; the model, optimizer
+    and RNG are put back after every step."""
     with backend.session(), Prober(workload, backend, headroom=headroom) as prober:
-        for _ in range(rounds):
-            for size in sizes:
-                seconds = prober.time_split([size] * (per_rank // size), steps=1)
-                speeds[size].append(per_rank / seconds)
-    return [TimedSplit(size, tuple(speeds[size])) for size in sizes]
+        return prober.time_sizes(sizes, rounds=rounds)
 
 
-def fastest(timed: list[TimedSplit]) -> tuple[TimedSplit, str]:
-    """The candidate to train with, and why: the first (the fewest steps) unless another is
-    faster by more than the spread of the two."""
-    fewest = timed[0]
-    best = max(timed, key=lambda t: t.samples_per_second)
-    if best is fewest:
-        return fewest, "the fewest micro batches were also the fastest timed"
-    gain = best.samples_per_second / fewest.samples_per_second - 1
-    noise = max(best.spread, fewest.spread)
-    if gain > noise:
-        return best, (
-            f"micro batches of {best.micro_batch_size} timed {gain:.0%} faster than of "
-            f"{fewest.micro_batch_size}, more than the spread of the rounds ({noise:.0%})"
+def timed_splits(speeds: SpeedCurve, per_rank: int) -> list[TimedSplit]:
+    """Each timed size as a candidate of equal micro batches over ``per_rank`` samples,
+    largest first: the speed of a whole step in each round."""
+    return [
+        TimedSplit(
+            t.micro_batch_size,
+            tuple(
+                per_rank / (per_rank * s + speeds.optimizer_seconds) for s in t.seconds_per_sample
+            ),
         )
-    return fewest, (
-        f"micro batches of {best.micro_batch_size} timed {gain:.0%} faster than of "
-        f"{fewest.micro_batch_size}, within the spread of the rounds ({noise:.0%}): kept "
-        "the fewest"
-    )
+        for t in reversed(speeds.sizes)
+    ]
+
+
+def fastest(speeds: SpeedCurve, per_rank: int, sizes: list[int]) -> tuple[int, str]:
+    """The micro batch to train with (one of ``sizes``, the first the fewest steps), and why."""
+    candidates = [[Run(size, per_rank // size)] for size in sizes]
+    found = fastest_split(candidates, speeds, fewest_is="the fewest that divide the batch")
+    if found is None:
+        raise AssertionError("the curve was timed at every candidate size")
+    chosen, why = found
+    return chosen[0].size, why

@@ -36,6 +36,7 @@ from tuner.engine.workload import Workload
 
 if TYPE_CHECKING:
     from tuner.client import TunerClient
+    from tuner.core.speeds import SpeedCurve
     from tuner.train.fastest import TimedSplit
 
 # How many samples a scan reads when the user names no lengths: enough to meet the long
@@ -227,6 +228,7 @@ class Tuned:
     # With time_splits: the candidates timed (the fewest steps first), why the answer is
     # the one it is, and what timing cost.
     timed: tuple[TimedSplit, ...] = ()
+    speeds: SpeedCurve | None = None
     timing_reason: str = ""
     timing_s: float = 0.0
 
@@ -306,7 +308,12 @@ def _timed(tuned: Tuned, *, device: str, memory_limit: int | None, headroom: flo
 
     import torch.distributed as dist
 
-    from tuner.train.fastest import candidate_micro_batches, fastest, time_micro_batches
+    from tuner.train.fastest import (
+        candidate_micro_batches,
+        fastest,
+        time_micro_batches,
+        timed_splits,
+    )
     from tuner.train.planning import training_backend
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -320,19 +327,16 @@ def _timed(tuned: Tuned, *, device: str, memory_limit: int | None, headroom: flo
     if len(sizes) == 1:
         return tuned
     started = time.perf_counter()
-    timed = time_micro_batches(
-        tuned.workload,
-        training_backend(device, memory_limit),
-        per_rank=per_rank,
-        sizes=sizes,
-        headroom=headroom,
+    speeds = time_micro_batches(
+        tuned.workload, training_backend(device, memory_limit), sizes=sizes, headroom=headroom
     )
-    chosen, reason = fastest(timed)
+    chosen, reason = fastest(speeds, per_rank, sizes)
     return dataclasses.replace(
         tuned,
-        micro_batch_size=chosen.micro_batch_size,
-        accumulation_steps=per_rank // chosen.micro_batch_size,
-        timed=tuple(timed),
+        micro_batch_size=chosen,
+        accumulation_steps=per_rank // chosen,
+        speeds=speeds,
+        timed=tuple(timed_splits(speeds, per_rank)),
         timing_reason=reason,
         timing_s=time.perf_counter() - started,
     )

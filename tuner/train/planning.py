@@ -290,6 +290,8 @@ class _Planner:
             strategy=self.strategy,
             size_cap=self.size_cap,
             world_size=self.mesh.world_size,
+            # The speed curve is timed for this run's splits (one process; ranks keep none).
+            per_rank_batch_size=self.mesh.per_group_batch(self.global_batch_size),
         )
         try:
             self.client.upload_profile(profile)  # even when nothing fits: that is known now

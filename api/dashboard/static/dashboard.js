@@ -419,7 +419,100 @@
     });
   }
 
-  window.tunerFormat = { fmtBytes, fmtRate };
+  /* After Compute, the answer is brought into view below the sticky bar when it is not
+     already (on a phone the form fills the screen and the answer is under it). Only a
+     submit moves the page: an answer that follows a changed field leaves the reader
+     where they are typing. */
+  function answerInView() {
+    const form = document.getElementById("calc-form");
+    if (!form) return;
+    let pending = false;
+    // Until the reader edits the form again: the answer to a change made just before
+    // Compute may settle first, and Compute's own replaces it.
+    form.addEventListener("submit", () => {
+      pending = true;
+    });
+    form.addEventListener("input", () => {
+      pending = false;
+    });
+    document.body.addEventListener("htmx:afterSettle", () => {
+      const answer = document.getElementById("calc-answer");
+      if (!pending || !answer) return;
+      const bar = document.querySelector(".topbar");
+      const top = bar ? bar.getBoundingClientRect().bottom : 0;
+      const line = answer.querySelector(".answer-line") || answer;
+      const box = answer.getBoundingClientRect();
+      if (box.top < top || line.getBoundingClientRect().bottom > window.innerHeight) {
+        window.scrollBy({ top: box.top - top - 8, behavior: "instant" });
+      }
+      answer.dataset.inView = "true";
+    });
+  }
+
+  /* A number field of the calculator is selected whole when it is entered, so typing
+     replaces the number asked first (a question is asked by overwriting, not by editing).
+     The click that entered it must not collapse the selection on its way up. */
+  function selectOnEntry() {
+    const form = document.getElementById("calc-form");
+    if (!form) return;
+    for (const field of form.querySelectorAll("input[type=number]")) {
+      let entered = false;
+      field.addEventListener("focus", () => {
+        entered = true;
+        field.select();
+      });
+      field.addEventListener("mouseup", (event) => {
+        if (entered) event.preventDefault();
+        entered = false;
+      });
+      field.addEventListener("blur", () => {
+        entered = false;
+      });
+    }
+  }
+
+  /* A button with data-copy="ID" copies the text of element ID exactly (a command to
+     paste in a shell); the line beside it says whether it did. Delegated from the body, so
+     a part htmx swaps in works too. */
+  function copyButtons() {
+    document.body.addEventListener("click", async (event) => {
+      const button = event.target.closest("[data-copy]");
+      if (!button) return;
+      const source = document.getElementById(button.dataset.copy);
+      const status = document.getElementById(button.getAttribute("aria-describedby"));
+      if (!source) return;
+      const text = source.textContent;
+      try {
+        await navigator.clipboard.writeText(text);
+        button.dataset.copied = text;
+        if (status) status.textContent = "Copied.";
+      } catch (_err) {
+        // No clipboard (a page over plain HTTP, a refused permission): select the text,
+        // so that the reader's own copy takes it.
+        const range = document.createRange();
+        range.selectNodeContents(source);
+        const selection = window.getSelection();
+        selection.removeAllRanges();
+        selection.addRange(range);
+        if (status) status.textContent = "Selected: copy it with Ctrl+C (⌘C).";
+      }
+    });
+  }
+
+  /* A filter form marked data-drop-empty leaves its unset fields (the "all" choices) out
+     of the URL it asks and pushes, so a shared link names only the filters set. */
+  function dropEmptyFields() {
+    document.body.addEventListener("htmx:configRequest", (event) => {
+      const form = event.detail.elt.closest && event.detail.elt.closest("form[data-drop-empty]");
+      if (!form) return;
+      const parameters = event.detail.parameters;
+      for (const name of Object.keys(parameters)) {
+        if (parameters[name] === "") delete parameters[name];
+      }
+    });
+  }
+
+  window.tunerFormat = { fmtBytes, fmtBytesTick, fmtRate, BYTE_INCRS };
 
   function start() {
     hintWideTables();
@@ -427,6 +520,10 @@
     document.body.addEventListener("htmx:afterSettle", hintWideTables);
     reportHtmxErrors();
     followTheWorkload();
+    answerInView();
+    selectOnEntry();
+    copyButtons();
+    dropEmptyFields();
     initCharts();
   }
 

@@ -140,6 +140,15 @@ def add_parser(commands: Any) -> None:
         help="optimizer steps before measuring (default 2)",
     )
     profile.add_argument(
+        "--time-splits",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after M*, time micro batches at a few sizes (the splits of --global-batch-size "
+        "into the fewest and 2, 4 and 8 times as many) and answer with a split into more, "
+        "smaller micro batches when it trains faster by more than the timed rounds' spread "
+        "(default: on, in one process; --no-time-splits skips it)",
+    )
+    profile.add_argument(
         "--explore",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -323,6 +332,7 @@ class OneWorkload:
         self.workload = workload
 
     def _profile(self, observer: Any, measured: Workload | None = None) -> Profile:
+        from tuner.core.plan import per_rank_batch
         from tuner.core.results import ProbeSettings
         from tuner.engine.profiler import profile_workload
 
@@ -336,6 +346,12 @@ class OneWorkload:
             observer=observer,
             world_size=self.args.world_size,
             fake_world=self.args.fake_world,
+            time_speeds=self.args.time_splits,
+            per_rank_batch_size=(
+                per_rank_batch(self.args.global_batch_size, self.mesh)
+                if self.args.global_batch_size is not None
+                else None
+            ),
         )
 
     def measure(self, stderr: Console) -> None:
@@ -518,7 +534,6 @@ def _explore(
 
     return explore(
         workload,
-        backend,
         measure_variant,
         global_batch_size=args.global_batch_size,
         world_size=args.world_size,

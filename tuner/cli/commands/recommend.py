@@ -134,7 +134,11 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
     if answer.expected_headroom_bytes is not None:
         numbers.append(f"headroom {format_bytes(answer.expected_headroom_bytes)}")
     if answer.expected_samples_per_second is not None:
-        numbers.append(f"{answer.expected_samples_per_second:.1f} samples/s")
+        spread = answer.expected_speed_spread
+        numbers.append(
+            f"{answer.expected_samples_per_second:.1f} samples/s"
+            + (f" ±{spread:.0%}" if spread is not None else "")
+        )
     print(
         f"{answer.basis}: " + ", ".join(numbers)
         if numbers

@@ -60,6 +60,7 @@ def _text(max_length: int) -> tuple[StringConstraints, AfterValidator]:
 Text8 = Annotated[str, *_text(8)]
 Text16 = Annotated[str, *_text(16)]
 Text32 = Annotated[str, *_text(32)]
+Text64 = Annotated[str, *_text(64)]
 Text100 = Annotated[str, *_text(100)]
 Text200 = Annotated[str, *_text(200)]
 Text500 = Annotated[str, *_text(500)]

@@ -21,7 +21,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from tuner.core import reports, results
+from tuner.core import reports, results, speeds, timeline
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import Parallel
 from tuner.core.shape import MeshShape
@@ -41,6 +41,7 @@ from tuner.core.wire.common import (
     SignedInt64,
     StrictBool,
     Text32,
+    Text64,
     Text100,
     Text200,
     Timestamp,
@@ -48,6 +49,9 @@ from tuner.core.wire.common import (
 from tuner.core.wire.devices import DeviceInfoCreate
 from tuner.core.wire.workloads import WorkloadInfoCreate
 
+# An operator's name in a timeline (``aten.mm``, or on CUDA the allocating Python frame):
+# at most timeline.MAX_OPERATOR_NAME (64) characters.
+OperatorName = Text64
 # A workload option's value in a variant, as `-o name=value` gives it.
 VariantValueCreate = Text200 | SignedInt64 | FiniteFloat | bool | None
 
@@ -62,6 +66,28 @@ class MemoryBreakdownCreate(results.MemoryBreakdown):
     communication_bytes: Int64 = 0
     collective_copies_bytes: Int64 = 0
     activations_by_block_bytes: dict[Text200, Int64] = Field(default_factory=dict, max_length=4096)
+
+
+class PhaseSpanCreate(timeline.PhaseSpan):
+    micro_batch: Int32 | None = None
+    start: Int64
+    end: Int64
+
+
+class MemoryTimelineCreate(timeline.MemoryTimeline):
+    """A probe's timeline, bounded (``tuner.core.timeline``): at most MAX_TIMELINE_POINTS
+    points and MAX_TIMELINE_OPERATORS names, so at most MAX_TIMELINE_JSON_BYTES as JSON."""
+
+    length: Int64
+    samples: Int64
+    position: list[Int64] = Field(max_length=timeline.MAX_TIMELINE_POINTS)
+    live_bytes: list[Int64] = Field(max_length=timeline.MAX_TIMELINE_POINTS)
+    operator: list[Int32] = Field(max_length=timeline.MAX_TIMELINE_POINTS)
+    operators: list[OperatorName] = Field(max_length=timeline.MAX_TIMELINE_OPERATORS)
+    phases: list[PhaseSpanCreate] = Field(  # type: ignore[assignment]
+        default_factory=list, max_length=timeline.MAX_TIMELINE_PHASES
+    )
+    peak_bytes: Int64
 
 
 class ProbeCreate(results.ProbeResult):
@@ -83,6 +109,7 @@ class ProbeCreate(results.ProbeResult):
     steps_run: Int32 = 0
     wall_time_s: NonNegativeFloat = 0.0
     error: LongText | None = None
+    timeline: MemoryTimelineCreate | None = None
 
 
 class AffineFitCreate(results.AffineFit):
@@ -96,6 +123,19 @@ class ProbeSettingsCreate(results.ProbeSettings):
     measure_steps: PositiveInt32 = 1
     microbatches_per_step: PositiveInt32 = 2
     simulated_ranks: StrictBool = False
+
+
+class TimedSizeCreate(speeds.TimedSize):
+    micro_batch_size: PositiveInt32
+    seconds_per_sample: list[NonNegativeFloat] = Field(min_length=1, max_length=speeds.MAX_ROUNDS)
+
+
+class SpeedCurveCreate(speeds.SpeedCurve):
+    sizes: list[TimedSizeCreate] = Field(  # type: ignore[assignment]
+        min_length=1, max_length=speeds.MAX_TIMED_SIZES
+    )
+    optimizer_seconds: NonNegativeFloat
+    per_rank_batch_size: PositiveInt32 | None = None
 
 
 class ParallelCreate(Parallel):
@@ -135,6 +175,7 @@ class ProfileCreate(results.Profile):
 
     world_size: PositiveInt32 = Field(default=1, description="ranks the probes ran on")
     parallel: ParallelCreate = Field(default_factory=ParallelCreate)
+    speeds: SpeedCurveCreate | None = None
 
     @model_validator(mode="after")
     def _one_entry_per_rank(self) -> ProfileCreate:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from datetime import datetime
 from typing import Literal
 
@@ -193,3 +194,29 @@ class RecommendationPublic(plan.Recommendation):
         "token-bucketed batches whose sequences are at most seq_len long",
     )
     profile_age_s: float
+
+
+def recommend_command(answer: RecommendationPublic) -> str:
+    """The ``tuner recommend`` command that asks the question ``answer`` answers, every
+    choice the answer made spelled out (workload and device by key, the parallel mode and
+    policy it used), so that running it against the same store gives the same answer.
+    (The answer's ``tokens_per_micro_batch`` is its micro batch in tokens, not a packing
+    asked for: it is left out.)"""
+    words = [
+        "tuner",
+        "recommend",
+        "--workload",
+        answer.workload_key,
+        "--device",
+        answer.device_key,
+        "--global-batch-size",
+        str(answer.global_batch_size),
+        "--world-size",
+        str(answer.world_size),
+    ]
+    if answer.tp > 1:
+        words += ["--tp", str(answer.tp)]
+    words += ["--parallel", answer.parallel, "--policy", answer.policy]
+    if answer.seq_len is not None:
+        words += ["--seq-len", str(answer.seq_len)]
+    return shlex.join(words)

@@ -13,6 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from tuner.core.results import DeviceInfo
+from tuner.core.timeline import MemoryTimeline
 
 
 @dataclass
@@ -30,6 +31,8 @@ class PeakReading:
     # On the CPU under gloo: what the process's allocator held at its peak, every thread
     # counted (gloo's own copies among it); 0 where not measured apart.
     process_bytes: int = 0
+    # Live bytes over the block, when ``track`` was asked to record them.
+    timeline: MemoryTimeline | None = None
 
     @property
     def collective_copies_bytes(self) -> int:
@@ -70,12 +73,15 @@ class Backend(ABC):
         *,
         enforce_capacity: bool = True,
         stop_at: float = 1.0,
+        timeline: bool = False,
     ) -> AbstractContextManager[PeakReading]:
         """Measure the peak inside the block. ``resident`` lists tensors alive before it
         (weights, gradients, optimizer state) so that a backend that only sees new
         allocations can count them. Going over ``stop_at`` times the capacity raises an
         out-of-memory error, unless ``enforce_capacity`` is false and the backend can
-        lift it (a backend that can measure past its capacity may stop later than 1×)."""
+        lift it (a backend that can measure past its capacity may stop later than 1×).
+        With ``timeline``, the reading also carries live bytes over the block
+        (:mod:`tuner.engine.timeline`), its phases marked by ``end_phase``."""
 
     @abstractmethod
     def end_phase(self, reading: PeakReading, phase: str) -> None:

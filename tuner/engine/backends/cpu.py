@@ -45,6 +45,7 @@ from tuner.engine.backends.process_count import (
     ProcessAllocations,
     process_allocations,
 )
+from tuner.engine.timeline import TimelineRecorder
 
 
 class LiveBytesTracker(TorchDispatchMode):
@@ -76,6 +77,8 @@ class LiveBytesTracker(TorchDispatchMode):
         # their id is stable and the weakref fires exactly when the memory is freed.
         self._sizes: dict[int, int] = {}
         self._refs: dict[int, weakref.ref[Any]] = {}
+        # Set while a block records its timeline: live bytes after each operator.
+        self.timeline: TimelineRecorder | None = None
 
     def register(self, tensors: Iterable[torch.Tensor]) -> None:
         for tensor in tensors:
@@ -165,6 +168,8 @@ class LiveBytesTracker(TorchDispatchMode):
             )
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
+        if self.timeline is not None:
+            self.timeline.after(self.live_bytes, func)
         return out
 
 
@@ -184,6 +189,8 @@ def _watch_resizes() -> None:
         for tracker in LiveBytesTracker._active:
             tracker._count_storage_object(storage)
             tracker.peak_bytes = max(tracker.peak_bytes, tracker.live_bytes)
+            if tracker.timeline is not None:
+                tracker.timeline.after(tracker.live_bytes, "UntypedStorage.resize_")
         return result
 
     torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
@@ -298,6 +305,7 @@ class CpuBackend(Backend):
         *,
         enforce_capacity: bool = True,
         stop_at: float = 1.0,
+        timeline: bool = False,
     ) -> Iterator[PeakReading]:
         reading = PeakReading()
         limit = int(self.capacity_bytes * stop_at) if enforce_capacity else None
@@ -313,6 +321,9 @@ class CpuBackend(Backend):
         tracker.register(resident)
         tracker.reset_peak()
         live_at_start = tracker.live_bytes
+        # The tracker's peak is the largest of these same samples: the timeline's peak is
+        # the reading's allocated peak, to the byte.
+        tracker.timeline = TimelineRecorder(live_at_start) if timeline else None
         self._tracker = tracker
         counting: AbstractContextManager[BlockCount | AllThreadCount | None] = nullcontext()
         if self.process_count is not None:
@@ -327,7 +338,10 @@ class CpuBackend(Backend):
             self._tracker = None
             tracker.limit_bytes = None
             tracker.collective_scope = None
+            recorder, tracker.timeline = tracker.timeline, None
         reading.add(tracker.peak_bytes, tracker.peak_bytes)
+        if recorder is not None:
+            reading.timeline = recorder.timeline()
         if isinstance(all_threads, BlockCount):
             # The tracker's live bytes at the start stand for the step thread's blocks then.
             held = live_at_start + all_threads.peak_bytes
@@ -348,3 +362,5 @@ class CpuBackend(Backend):
             raise RuntimeError("end_phase is only meaningful inside track()")
         reading.add(self._tracker.peak_bytes, self._tracker.peak_bytes, phase)
         self._tracker.reset_peak()
+        if self._tracker.timeline is not None:
+            self._tracker.timeline.mark(phase)

@@ -16,8 +16,10 @@ import torch
 
 from tuner.core.errors import DeviceUnavailableError
 from tuner.core.results import DeviceInfo
+from tuner.core.timeline import MemoryTimeline
 from tuner.core.units import limited_name
 from tuner.engine.backends.base import Backend, PeakReading
+from tuner.engine.timeline import CUDA_HISTORY_EVENTS, timeline_from_trace
 
 
 class CudaBackend(Backend):
@@ -37,6 +39,10 @@ class CudaBackend(Backend):
         self.limit_bytes = limit_bytes
         self.memory_limit_bytes = limit_bytes
         self.capacity_bytes = min(self.total_bytes, limit_bytes or self.total_bytes)
+        # While a block records its timeline: the allocator's event count at its start, and
+        # the count at the end of each phase (``_allocator_events``).
+        self._history_start: int | None = None
+        self._phase_marks: list[tuple[str, int]] = []
 
     def describe(self) -> DeviceInfo:
         return DeviceInfo(
@@ -102,6 +108,7 @@ class CudaBackend(Backend):
         *,
         enforce_capacity: bool = True,
         stop_at: float = 1.0,
+        timeline: bool = False,
     ) -> Iterator[PeakReading]:
         # The allocator already knows every live block; a physical card cannot be lifted.
         del resident, enforce_capacity, stop_at  # the device itself stops at its memory
@@ -110,14 +117,64 @@ class CudaBackend(Backend):
         gc.collect()
         torch.cuda.reset_peak_memory_stats(self.device)
         retries_before = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
-        yield reading
-        self.synchronize()
+        # A memory history the user is recording is theirs: never cleared nor turned off.
+        timeline = timeline and not _history_enabled()
+        start_bytes = torch.cuda.memory_allocated(self.device) if timeline else 0
+        if timeline:
+            self._start_history()
+        try:
+            yield reading
+            self.synchronize()
+            if timeline:
+                reading.timeline = self._timeline(start_bytes)
+        finally:
+            if timeline:
+                self._stop_history()
         reading.add(
             torch.cuda.max_memory_allocated(self.device),
             torch.cuda.max_memory_reserved(self.device),
         )
         retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
         reading.alloc_retries = int(retries - retries_before)
+
+    def _start_history(self) -> None:
+        """torch's memory history from here on: every allocation and free with its Python
+        frames (the C++ ones cost more and name no more), at most CUDA_HISTORY_EVENTS."""
+        torch.cuda.memory._record_memory_history(
+            "all",
+            context="alloc",
+            stacks="python",
+            max_entries=CUDA_HISTORY_EVENTS,
+            clear_history=True,
+        )
+        self._history_start = self._allocator_events()
+        self._phase_marks = []
+
+    def _stop_history(self) -> None:
+        torch.cuda.memory._record_memory_history(None)
+        self._history_start = None
+        self._phase_marks = []
+
+    def _allocator_events(self) -> int:
+        """Allocations and frees so far: the trace's ``alloc`` and ``free_requested``
+        entries, counted by the allocator's own statistics, which change at the same calls."""
+        stats = torch.cuda.memory_stats(self.device)
+        return int(stats.get("allocation.all.allocated", 0) + stats.get("allocation.all.freed", 0))
+
+    def _timeline(self, start_bytes: int) -> MemoryTimeline | None:
+        if self._history_start is None:
+            return None
+        snapshot = torch.cuda.memory._snapshot(self.device)
+        traces = snapshot.get("device_traces") or []
+        index = self.device.index or 0
+        trace = traces[index] if index < len(traces) else []
+        start = self._history_start
+        return timeline_from_trace(
+            trace,
+            start_bytes=start_bytes,
+            expected_events=self._allocator_events() - start,
+            marks=[(phase, at - start) for phase, at in self._phase_marks],
+        )
 
     def current_bytes(self) -> int:
         return torch.cuda.memory_allocated(self.device)
@@ -132,3 +189,12 @@ class CudaBackend(Backend):
             phase,
         )
         torch.cuda.reset_peak_memory_stats(self.device)
+        if self._history_start is not None:
+            self._phase_marks.append((phase, self._allocator_events()))
+
+
+def _history_enabled() -> bool:
+    """Whether torch's memory history is being recorded already (by the user's own code).
+    CUDA builds of torch have the query; where it is missing nothing can be recording."""
+    enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+    return bool(enabled()) if enabled is not None else False
