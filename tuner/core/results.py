@@ -51,7 +51,9 @@ class MemoryBreakdown(_Frozen):
         default=0,
         ge=0,
         description="on CPU ranks (gloo): what the process held at its peak beyond this "
-        "peak, every thread counted (gloo's all-gather temporaries on its worker threads); "
+        "peak, every allocation and free of every thread counted (gloo's all-gather "
+        "temporaries on its worker threads, and the output-sized buffer it allocates on the "
+        "step's thread inside _allgather_base_ and reduce_scatter_tensor_coalesced_); "
         "a GPU with NCCL holds none of it. In a fake world: the largest buffer of one "
         "collective, held a moment longer at the peak as a real one may be. 0 elsewhere",
     )

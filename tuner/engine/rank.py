@@ -27,12 +27,12 @@ from tuner.core.results import ProbeSettings
 PROBE_TIMEOUT_S = 1800.0
 
 
-# A CPU rank counts every thread's allocations with torch.profiler (see
-# backends/allocations.py), whose C++ side talks on stderr: kineto's USDT and stage lines
-# at every start and stop, and c10's warning that a block allocated before profiling was
-# freed during it. They say nothing about the workload, so a CPU rank starts with them
-# off: c10 warnings below ERROR (read once, when torch loads) and every kineto level
-# (6 is past its highest, USDT). A value the user set stays.
+# A CPU rank where the exact count cannot be built counts every thread's allocations with
+# torch.profiler (see backends/allocations.py), whose C++ side talks on stderr: kineto's
+# USDT and stage lines at every start and stop, and c10's warning that a block allocated
+# before profiling was freed during it. They say nothing about the workload, so a CPU rank
+# starts with them off: c10 warnings below ERROR (read once, when torch loads) and every
+# kineto level (6 is past its highest, USDT). A value the user set stays.
 QUIET_CPU_RANK_ENVIRONMENT = {"TORCH_CPP_LOG_LEVEL": "ERROR", "KINETO_LOG_LEVEL": "6"}
 
 
@@ -125,6 +125,8 @@ def _serve(rank: int, request: RankRequest, conn: multiprocessing.connection.Con
 
     device = f"cuda:{rank}" if request.device.startswith("cuda") else "cpu"
     # Gloo's worker threads allocate for the collectives: on the CPU the limit holds them too.
+    # Made before the workload is loaded: the CPU's count of every allocation is installed
+    # here, and must see the model's and the optimizer's tensors allocated to see them freed.
     backend = make_backend(
         device, memory_limit_bytes=request.memory_limit_bytes, count_all_threads=True
     )

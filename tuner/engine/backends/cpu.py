@@ -7,10 +7,16 @@ test suite use it to run the real search on real models.
 
 The tracker sees the thread that runs the step, which is what a GPU holds. On a rank of a
 gloo process group (``count_all_threads``) the process holds more: gloo gathers into
-temporaries on its worker threads and its work keeps a collective's tensors after the step
-let them go. There each tracked block is also counted by the allocator's own events, every
-thread (:mod:`.allocations`); the peak stays the tracker's (it stands for a GPU), and the
-reading's ``process_bytes`` carries the all-thread peak, which the limit is checked with.
+temporaries on its worker threads, allocates an output-sized buffer on the step's own
+thread inside ``_allgather_base_`` and ``reduce_scatter_tensor_coalesced_`` (inside the
+operator, where no dispatch mode sees it), and its work keeps a collective's tensors after
+the step let them go. There each tracked block is also counted by every allocation and
+free of the process, every thread (:mod:`.process_count`, a hook in front of torch's CPU
+allocator; where it cannot be built, torch.profiler's events, :mod:`.allocations`); the
+peak stays the tracker's (it stands for a GPU), and the reading's ``process_bytes``
+carries the process's peak, which the limit is checked with:
+
+    process bytes = live at the block's start + the most the process held above its start
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import platform
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -31,6 +38,13 @@ from tuner.core.results import DeviceInfo
 from tuner.core.units import format_bytes, limited_name
 from tuner.engine.backends.allocations import AllThreadCount, all_thread_allocations
 from tuner.engine.backends.base import Backend, PeakReading, plain_tensors
+from tuner.engine.backends.process_count import (
+    COLLECTIVE,
+    STEP,
+    BlockCount,
+    ProcessAllocations,
+    process_allocations,
+)
 from tuner.engine.timeline import TimelineRecorder
 
 
@@ -48,10 +62,15 @@ class LiveBytesTracker(TorchDispatchMode):
 
     _active: ClassVar[list[LiveBytesTracker]] = []
     _unwrapped_resize: ClassVar[Callable[..., Any] | None] = None
+    # Whether each operator seen is a collective (c10d's), decided once per operator.
+    _collective_ops: ClassVar[dict[Any, bool]] = {}
 
     def __init__(self, limit_bytes: int | None = None) -> None:
         super().__init__()
         self.limit_bytes = limit_bytes
+        # Set where the process's allocations are counted by thread: entered around each
+        # collective operator, so that what it allocates on this thread is told apart.
+        self.collective_scope: Callable[[], AbstractContextManager[None]] | None = None
         self.live_bytes = 0
         self.peak_bytes = 0
         # Storage objects are preserved by torch for as long as the storage lives, so
@@ -130,7 +149,11 @@ class LiveBytesTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         self._count_all(args)
         self._count_all(kwargs.values())
-        out = func(*args, **kwargs)
+        if self.collective_scope is not None and _is_collective(func):
+            with self.collective_scope():
+                out = func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
         self._count_all(out if isinstance(out, list | tuple) else (out,))
         # Checked on every operator, not only at a new peak: after a refused step the peak
         # may already be above the limit, and the next attempt must still be held to it.
@@ -148,6 +171,13 @@ class LiveBytesTracker(TorchDispatchMode):
         if self.timeline is not None:
             self.timeline.after(self.live_bytes, func)
         return out
+
+
+def _is_collective(func: Any) -> bool:
+    known = LiveBytesTracker._collective_ops.get(func)
+    if known is None:
+        known = LiveBytesTracker._collective_ops[func] = getattr(func, "namespace", "") == "c10d"
+    return known
 
 
 def _watch_resizes() -> None:
@@ -213,6 +243,16 @@ class CpuBackend(Backend):
         self.memory_limit_bytes = limit_bytes
         # Set on ranks of a gloo group, where threads other than the step's allocate.
         self.count_all_threads = count_all_threads
+        # The exact count of every thread's allocations, installed now (before the
+        # workload is built, so that what its steps free was counted when allocated);
+        # None where it cannot be built, and torch.profiler's events count instead.
+        self.process_count: ProcessAllocations | None = (
+            process_allocations() if count_all_threads else None
+        )
+        if self.process_count is not None:
+            # This thread runs the steps: what it allocates in set-up (the model, its shards)
+            # is the step's, so that a block's count can tell it from gloo's threads' blocks.
+            self.process_count.tag_this_thread(STEP)
         self._tracker: LiveBytesTracker | None = None
         # One tracker for a whole session: storages it has seen stay counted while they
         # live, also those made in set-up (``observe``) or in an earlier block that no
@@ -285,25 +325,32 @@ class CpuBackend(Backend):
         # the reading's allocated peak, to the byte.
         tracker.timeline = TimelineRecorder(live_at_start) if timeline else None
         self._tracker = tracker
-        counting: AbstractContextManager[AllThreadCount | None] = (
-            all_thread_allocations() if self.count_all_threads else nullcontext()
-        )
+        counting: AbstractContextManager[BlockCount | AllThreadCount | None] = nullcontext()
+        if self.process_count is not None:
+            counting = self.process_count.block()
+            tracker.collective_scope = partial(self.process_count.tagged, COLLECTIVE)
+        elif self.count_all_threads:
+            counting = all_thread_allocations()
         try:
             with counting as all_threads, tracker:
                 yield reading
         finally:
             self._tracker = None
             tracker.limit_bytes = None
+            tracker.collective_scope = None
             recorder, tracker.timeline = tracker.timeline, None
         reading.add(tracker.peak_bytes, tracker.peak_bytes)
         if recorder is not None:
             reading.timeline = recorder.timeline()
-        if all_threads is not None:
-            reading.process_bytes = max(
-                # The block's peak over its phases (end_phase restarts the tracker's).
-                reading.process_bytes,
-                process_peak(reading.reserved_bytes, live_at_start, all_threads),
-            )
+        if isinstance(all_threads, BlockCount):
+            # The tracker's live bytes at the start stand for the step thread's blocks then.
+            held = live_at_start + all_threads.peak_bytes
+        elif isinstance(all_threads, AllThreadCount):
+            held = process_peak(reading.reserved_bytes, live_at_start, all_threads)
+        else:
+            return
+        # The block's peak over its phases (end_phase restarts the tracker's).
+        reading.process_bytes = max(reading.process_bytes, held)
 
     def current_bytes(self) -> int:
         if self._tracker is None:
