@@ -28,6 +28,8 @@ never below the process's count but may be above it.
 from __future__ import annotations
 
 import ctypes
+import os
+import shutil
 import threading
 import warnings
 from collections.abc import Iterator
@@ -179,6 +181,7 @@ def _build() -> str:
     own check), else the one built before."""
     from torch.utils import cpp_extension
 
+    _find_ninja()
     path = cpp_extension.load(
         _NAME,
         [str(_SOURCE)],
@@ -190,3 +193,16 @@ def _build() -> str:
     if not isinstance(path, str):
         raise RuntimeError(f"torch.utils.cpp_extension.load returned {path!r}, not a path")
     return path
+
+
+def _find_ninja() -> None:
+    """Put the ``ninja`` the ``torch`` extra installs (the PyPI wheel, in the environment's
+    own ``bin``) on ``PATH`` when none is there: torch's build looks for it on ``PATH``
+    only, and an environment's ``bin`` is not on it unless the environment is activated."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return  # the build then says what is missing, and the count falls back
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
