@@ -117,6 +117,23 @@ CORPUS: tuple[Architecture, ...] = (
                  ("seq_len=32",), "16,32,64"),
     Architecture("phi", "decoder", "tuner.hf:causal_lm", "8MiB", 32, "phi",
                  ("seq_len=32",), "16,32,64"),
+    # Families whose dry runs differed from the probes (a mask transformers builds on fake
+    # tensors, a layout, a nonzero), each with the path that showed it.
+    *(
+        Architecture(name, "decoder", "tuner.hf:causal_lm", "8MiB", 32, name,
+                     ("seq_len=32",), "16,32,64")
+        for name in ("gemma", "gemma2", "granite", "olmo", "stablelm", "phi3", "falcon",
+                     "bloom", "opt")
+    ),
+    Architecture("mbart", "encoder-decoder", "tuner.hf:seq2seq_lm", "8MiB", 32, "mbart",
+                 ("seq_len=32",), "16,32,64"),
+    Architecture("roberta", "encoder", "tuner.hf:sequence_classification", "6MiB", 32,
+                 "roberta", ("seq_len=32",), "16,32,64"),
+    Architecture("deberta_v2", "encoder", "tuner.hf:sequence_classification", "6MiB", 32,
+                 "deberta_v2", ("seq_len=32",), "16,32,64"),
+    Architecture("swin", "vision", "tuner.hf:image_classification", "4MiB", 32, "swin"),
+    Architecture("convnext", "vision", "tuner.hf:image_classification", "4MiB", 32,
+                 "convnext"),
 )  # fmt: skip
 
 

@@ -68,6 +68,10 @@ _CONTIGUOUS_OUTPUTS: dict[Any, tuple[int, ...]] = {
     torch.ops.aten.native_layer_norm_backward.default: (0,),
 }
 
+# Operators whose real kernels return their input, where the fake kernel returns a new tensor
+# (a fake world's tensor-parallel all-reduce: an activation-sized copy a block).
+_RETURN_THEIR_INPUT = frozenset({torch.ops._c10d_functional.wait_tensor.default})
+
 
 class HostValues(TorchDispatchMode):
     """Makes the step on fake tensors take the real step's paths. Sits between the tracker
@@ -83,7 +87,8 @@ class HostValues(TorchDispatchMode):
       a sample on a two-layer Gemma), DeBERTa's loss picks the labelled rows with
       ``nonzero`` (which a fake tensor cannot answer), mBART's decoder checks the all-ones
       mask it makes itself with ``torch.ones``.
-    - Operators of ``_CONTIGUOUS_OUTPUTS`` return the layout the device's kernel does."""
+    - Operators of ``_CONTIGUOUS_OUTPUTS`` return the layout the device's kernel does, and
+      those of ``_RETURN_THEIR_INPUT`` their input, as their real kernels do."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -112,6 +117,8 @@ class HostValues(TorchDispatchMode):
         if on_host and self._small_on_host(out):
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
+        if func in _RETURN_THEIR_INPUT:
+            return args[0]
         contiguous = _CONTIGUOUS_OUTPUTS.get(func)
         if contiguous:
             outputs = list(out)
@@ -210,12 +217,18 @@ class DryRun:
         *,
         headroom: float,
         mode: FakeTensorMode | None = None,
+        measured_as: Callable[[Prober], Callable[[int], ProbeResult]] | None = None,
     ) -> None:
+        """``measured_as``: how this process's probes are read (a fake world's count one
+        collective in flight, :func:`tuner.engine.fake_world.with_one_collective_in_flight`);
+        given, this process is rank 0 of a fake world, and the fake replica is wrapped as
+        the workload's ranks are (FSDP's shards and gathers, the tensor plan's DTensors:
+        torch's fake process group answers their collectives on fake tensors as on real)."""
         self._mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
         self._predictions: dict[int, ProbeResult | None] = {}
         self._prober: Prober | None = None
         self._name = workload.name
-        if workload.parallel.distributed:
+        if workload.parallel.distributed and measured_as is None:
             return  # ranks hold shards and buckets that one process's step does not show
         try:
             replica = fake_replica(workload, self._mode)
@@ -227,12 +240,16 @@ class DryRun:
             )
         except Exception as exc:  # any user code may refuse fake tensors: then no prediction
             log.warning(refusal(workload.name, exc))
+        self._measure: Callable[[int], ProbeResult] | None = (
+            None if self._prober is None or measured_as is None else measured_as(self._prober)
+        )
 
     @classmethod
     def unavailable(cls) -> DryRun:
         """A dry run that predicts nothing."""
         dry_run = cls.__new__(cls)
         dry_run._predictions, dry_run._prober, dry_run._name = {}, None, ""
+        dry_run._measure = None
         return dry_run
 
     def __enter__(self) -> DryRun:
@@ -253,7 +270,7 @@ class DryRun:
         prediction = None
         if self._prober is not None:
             try:
-                prediction = self._prober(micro_batch_size)
+                prediction = (self._measure or self._prober)(micro_batch_size)
             except Exception as exc:
                 log.warning(refusal(self._name, exc, micro_batch_size))
                 self.__exit__(None, None, None)
