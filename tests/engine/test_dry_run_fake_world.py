@@ -1,10 +1,12 @@
 """A fake world's search is aimed by a dry run of the same rank: the fake copy of the model
 is sharded and split as the rank's is, on torch's fake process group under fake tensors,
 and its predictions differ from the rank's probes only by the tensor-parallel layers'
-biases (a constant: 256 B a block here)."""
+biases (a constant: 256 B a block here). Real FSDP ranks are aimed by the same dry run,
+held by their coordinator."""
 
 from __future__ import annotations
 
+from tuner.core.parallel import Parallel
 from tuner.core.results import ProbeSettings
 from tuner.engine.backends import CpuBackend, make_backend
 from tuner.engine.dry_run import DryRun
@@ -13,6 +15,7 @@ from tuner.engine.fake_world import (
     profile_fake_world,
     with_one_collective_in_flight,
 )
+from tuner.engine.launch import profile_distributed
 from tuner.engine.probe import Prober
 from tuner.engine.workload import Workload, load_workload
 
@@ -62,3 +65,23 @@ def test_a_fake_world_search_aims_at_its_predicted_boundary() -> None:
     assert m_star > 100
     assert len(sizes) <= 3, sizes
     assert abs(sizes[0] - m_star) <= 1, sizes
+
+
+def test_fsdp_ranks_search_from_the_predicted_boundary() -> None:
+    """Aimed by one process's step calibrated on size 1, this search took 4 probes."""
+    profile = profile_distributed(
+        "examples.gpt:workload",
+        options={"layers": 1, "dim": 32, "heads": 2, "vocab": 64, "seq_len": 16},
+        device="cpu",
+        memory_limit_bytes=2 * MiB,
+        world_size=2,
+        parallel=Parallel(mode="fsdp"),
+        headroom=0.05,
+        strategy="model",
+        size_cap=4096,
+        probe_timeout_s=300,
+    )
+    sizes = [p.micro_batch_size for p in profile.probes]
+    assert profile.max_micro_batch_size > 10
+    assert len(sizes) <= 3, sizes
+    assert sizes[0] != 1, sizes

@@ -27,6 +27,7 @@ one process's step (:func:`dry_run_of_target`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
@@ -228,6 +229,8 @@ class DryRun:
         self._predictions: dict[int, ProbeResult | None] = {}
         self._prober: Prober | None = None
         self._name = workload.name
+        # The fake world a coordinator's dry run of a rank holds (dry_run_of_target).
+        self._world = contextlib.ExitStack()
         if workload.parallel.distributed and measured_as is None:
             return  # ranks hold shards and buckets that one process's step does not show
         try:
@@ -249,7 +252,7 @@ class DryRun:
         """A dry run that predicts nothing."""
         dry_run = cls.__new__(cls)
         dry_run._predictions, dry_run._prober, dry_run._name = {}, None, ""
-        dry_run._measure = None
+        dry_run._measure, dry_run._world = None, contextlib.ExitStack()
         return dry_run
 
     def __enter__(self) -> DryRun:
@@ -259,6 +262,7 @@ class DryRun:
         if self._prober is not None:
             self._prober.__exit__(*exc_info)
             self._prober = None
+        self._world.close()
 
     @property
     def available(self) -> bool:
@@ -279,23 +283,51 @@ class DryRun:
 
 
 def dry_run_of_target(
-    target: str, options: Mapping[str, Any], *, capacity_bytes: int, headroom: float
+    target: str,
+    options: Mapping[str, Any],
+    *,
+    capacity_bytes: int,
+    headroom: float,
+    ranks: tuple[Parallel, int] | None = None,
 ) -> DryRun:
     """For the coordinator of ranks (:mod:`tuner.engine.launch`), which holds no model: the
     workload loaded on fake tensors (built under the fake mode, so that not even a factory
     that puts its model on a GPU takes memory here), one process's step of it on the CPU.
     A rank's peak differs from it by what the wrapper holds (DDP's buckets, FSDP's shards
     and gathers, about constant in the batch) and by the device; the search calibrates the
-    predictions on the ranks' probes, as it does a GPU's."""
+    predictions on the ranks' probes, as it does a GPU's.
+
+    With ``ranks`` (the parallel settings and the world size), the step predicted is rank
+    0's: the fake copy is wrapped as the ranks' models are, in a fake world of that size
+    held by the dry run (:mod:`tuner.engine.fake_world`), and one collective is counted in
+    flight as a fake world's probes count it. FSDP runs so; DDP does not (its reducer's
+    communication hook asserts on a fake result in C++)."""
+    from tuner.engine.fake_world import fake_process_group, with_one_collective_in_flight
+
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         with mode:
             workload = load_workload(target, dict(options))
-        workload = dataclasses.replace(workload, parallel=Parallel(), shard=None)
+        if ranks is None:
+            workload = dataclasses.replace(workload, parallel=Parallel(), shard=None)
+        else:
+            workload = dataclasses.replace(workload, parallel=ranks[0])
     except Exception as exc:
         log.warning(refusal(target, exc))
         return DryRun.unavailable()
-    return DryRun(workload, CpuBackend(capacity_bytes), headroom=headroom, mode=mode)
+    if ranks is None:
+        return DryRun(workload, CpuBackend(capacity_bytes), headroom=headroom, mode=mode)
+    world = contextlib.ExitStack()
+    world.enter_context(fake_process_group(ranks[1]))
+    dry_run = DryRun(
+        workload,
+        CpuBackend(capacity_bytes),
+        headroom=headroom,
+        mode=mode,
+        measured_as=with_one_collective_in_flight,
+    )
+    dry_run._world = world
+    return dry_run
 
 
 def fake_replica(workload: Workload, mode: FakeTensorMode) -> Workload:
