@@ -32,7 +32,8 @@ Each cell is ``pass`` (with a figure), ``FAIL`` (the failing command and its las
 of output are listed under the table) or ``n.a.`` with why. Run it before resolving an
 issue that touches the engine.
 
-Run: ``python bench/corpus.py`` (about 15 minutes on 2 cores); it rewrites its section of
+Run: ``python bench/corpus.py`` (10 minutes for its first 12 models on 2 idle cores, so
+about 22 for all 26, not timed whole); it rewrites its section of
 BENCHMARKS.md and exits 1 when a cell failed. ``--only lstm,qwen2`` runs some
 architectures, ``--paths profile,train`` some paths, ``--quick`` every path on the LSTM
 alone: these write nothing. ``--jobs N`` runs N models at a time, ``--timeout S`` gives
