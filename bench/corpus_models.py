@@ -107,6 +107,71 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
         "decoder_ffn_dim": 128,
         "max_position_embeddings": 256,
     },
+    # Families whose dry runs differed from the probes (bench/corpus.py's second group).
+    **{
+        name: {
+            "model_type": name,
+            "vocab_size": 256,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 256,
+            **extra,
+        }
+        for name, extra in {
+            "gemma": {"head_dim": 16},
+            "gemma2": {"head_dim": 16},
+            "granite": {},
+            "olmo": {"eos_token_id": 0, "pad_token_id": 1},
+            "stablelm": {},
+            "phi3": {"eos_token_id": 0, "pad_token_id": 1, "bos_token_id": 2},
+        }.items()
+    },
+    "falcon": {
+        "model_type": "falcon",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 256,
+    },
+    "bloom": {
+        "model_type": "bloom",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "n_layer": 2,
+        "n_head": 4,
+    },
+    "opt": {
+        "model_type": "opt",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "ffn_dim": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 256,
+        "word_embed_proj_dim": 64,
+    },
+    "swin": {
+        "model_type": "swin",
+        "image_size": 32,
+        "patch_size": 4,
+        "embed_dim": 16,
+        "depths": [1, 1],
+        "num_heads": [2, 2],
+        "window_size": 4,
+    },
+    "convnext": {
+        "model_type": "convnext",
+        "image_size": 32,
+        "num_channels": 3,
+        "hidden_sizes": [16, 32],
+        "depths": [1, 1],
+        "patch_size": 4,
+        "num_stages": 2,
+    },
     "vit": {
         "model_type": "vit",
         "image_size": 32,
@@ -118,6 +183,10 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 4,
     },
 }
+# BERT's and BART's shapes under other names (their own embeddings, attention and losses).
+HF_CONFIGS["roberta"] = {**HF_CONFIGS["bert"], "model_type": "roberta"}
+HF_CONFIGS["deberta_v2"] = {**HF_CONFIGS["bert"], "model_type": "deberta-v2"}
+HF_CONFIGS["mbart"] = {**HF_CONFIGS["bart"], "model_type": "mbart"}
 
 
 class BasicBlock(nn.Module):

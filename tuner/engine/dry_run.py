@@ -10,15 +10,24 @@ probe's peaks to the byte (``bench/search.py`` checks every size it scans); on a
 caching allocator's rounding, its cache and kernel workspaces are not in it, and the
 search corrects for them from the probes that ran (:mod:`tuner.engine.search.strategies`).
 
+The step takes the real step's paths (:class:`HostValues`): the batch stays real on the
+host, and what is computed from it alone runs on its values, because models branch on
+them (transformers lets SDPA run its causal kernel only after reading that the attention
+mask is all ones, and builds the mask for a fake one); and the few operators whose fake
+kernels lay out their result unlike the device's are given the device's layout (a later
+``reshape`` copies or not by it).
+
 A dry run costs about one small real step per size and no device memory. It is used only
 to aim the search; nothing it predicts is stored. Where the step cannot run on fake tensors
-(a ``.item()`` in the loss, a data-dependent shape, a custom operator with no fake
-implementation), there is no prediction and the search aims from probes alone. Across
-ranks the coordinator predicts one process's step (:func:`dry_run_of_target`).
+(a ``.item()`` in the loss on a value the model computed, a shape sized by such values, a
+custom operator with no fake implementation), one line says so (:func:`refusal`), there is
+no prediction and the search aims from probes alone. Across ranks the coordinator predicts
+one process's step (:func:`dry_run_of_target`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
@@ -29,7 +38,16 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+    unset_fake_temporarily,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from tuner.core.parallel import Parallel
 from tuner.core.results import DeviceInfo, ProbeResult, ProbeSettings
@@ -40,6 +58,94 @@ from tuner.engine.state import TrainingState
 from tuner.engine.workload import Workload, load_workload
 
 log = logging.getLogger(__name__)
+
+
+# Operators whose device kernels return a contiguous result where torch's fake kernel keeps
+# an input's layout: output index -> made contiguous. The layout decides later whether a
+# ``reshape`` is a view or a copy, so a wrong one adds a copy the real step never makes.
+# layer_norm_backward (CPU and CUDA: ``empty_like(X, LEGACY_CONTIGUOUS_MEMORY_FORMAT)``)
+# after a transpose: Swin's windows, one activation-sized copy per block in backward.
+_CONTIGUOUS_OUTPUTS: dict[Any, tuple[int, ...]] = {
+    torch.ops.aten.native_layer_norm_backward.default: (0,),
+}
+
+# Operators whose real kernels return their input, where the fake kernel returns a new tensor
+# (a fake world's tensor-parallel all-reduce: an activation-sized copy a block).
+_RETURN_THEIR_INPUT = frozenset({torch.ops._c10d_functional.wait_tensor.default})
+
+
+class HostValues(TorchDispatchMode):
+    """Makes the step on fake tensors take the real step's paths. Sits between the tracker
+    and the fake mode (a user mode above torch's fake mode), so the tracker counts what it
+    returns.
+
+    - An operator whose tensor arguments are all real host tensors (the batch and what is
+      computed from it alone: ids, masks, labels), or that takes none (``ones``,
+      ``arange``), runs for real where its result is on the host and no larger than
+      ``max_bytes`` (the batch's largest tensor): a model reads such values to choose its
+      path. transformers skips an all-ones attention mask and lets SDPA run its causal
+      kernel (it takes a fake tensor for a trace and builds the mask: measured +24,576 B
+      a sample on a two-layer Gemma), DeBERTa's loss picks the labelled rows with
+      ``nonzero`` (which a fake tensor cannot answer), mBART's decoder checks the all-ones
+      mask it makes itself with ``torch.ones``.
+    - Operators of ``_CONTIGUOUS_OUTPUTS`` return the layout the device's kernel does, and
+      those of ``_RETURN_THEIR_INPUT`` their input, as their real kernels do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.max_bytes = 0
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        on_host = all(_on_host(t) for t in tensors)  # a factory (no tensor) too
+        try:
+            # The fake kernel first: it says how large the result would be, for nothing.
+            out = func(*args, **kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            if not on_host:
+                raise
+            # A value (``.item()``) or a shape read from the values (``nonzero``): of
+            # host values, no larger than what they are read from.
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        if on_host and self._small_on_host(out):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        if func in _RETURN_THEIR_INPUT:
+            return args[0]
+        contiguous = _CONTIGUOUS_OUTPUTS.get(func)
+        if contiguous:
+            outputs = list(out)
+            for index in contiguous:
+                if isinstance(outputs[index], torch.Tensor):
+                    outputs[index] = outputs[index].contiguous()
+            return type(out)(outputs)
+        return out
+
+    def noting_the_batch(self, resident: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """``resident`` as it is, setting ``max_bytes`` to its largest real host tensor:
+        the batch's (the model's tensors are fake)."""
+        for tensor in resident:
+            if _on_host(tensor):
+                self.max_bytes = max(self.max_bytes, tensor.untyped_storage().nbytes())
+            yield tensor
+
+    def _small_on_host(self, out: Any) -> bool:
+        leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        return all(t.device.type == "cpu" for t in leaves) and (
+            sum(t.untyped_storage().nbytes() for t in leaves) <= self.max_bytes
+        )
+
+
+def _on_host(tensor: torch.Tensor) -> bool:
+    return type(tensor) is torch.Tensor and tensor.device.type == "cpu"
 
 
 class FakeBackend(CpuBackend):
@@ -74,7 +180,11 @@ class FakeBackend(CpuBackend):
     ) -> Iterator[PeakReading]:
         # A prediction past the limit is still a prediction; it draws no timeline.
         del enforce_capacity, timeline
-        with self.mode, super().track(resident, enforce_capacity=False) as reading:
+        values = HostValues()
+        # Read as the tracker registers them, not kept: a list of the resident tensors would
+        # keep the gradients that zero_grad lets go of alive through the step.
+        resident = values.noting_the_batch(resident)
+        with self.mode, values, super().track(resident, enforce_capacity=False) as reading:
             yield reading
 
 
@@ -110,11 +220,20 @@ class DryRun:
         *,
         headroom: float,
         mode: FakeTensorMode | None = None,
+        measured_as: Callable[[Prober], Callable[[int], ProbeResult]] | None = None,
     ) -> None:
+        """``measured_as``: how this process's probes are read (a fake world's count one
+        collective in flight, :func:`tuner.engine.fake_world.with_one_collective_in_flight`);
+        given, this process is rank 0 of a fake world, and the fake replica is wrapped as
+        the workload's ranks are (FSDP's shards and gathers, the tensor plan's DTensors:
+        torch's fake process group answers their collectives on fake tensors as on real)."""
         self._mode = mode or FakeTensorMode(allow_non_fake_inputs=True)
         self._predictions: dict[int, ProbeResult | None] = {}
         self._prober: Prober | None = None
-        if workload.parallel.distributed:
+        self._name = workload.name
+        # The fake world a coordinator's dry run of a rank holds (dry_run_of_target).
+        self._world = contextlib.ExitStack()
+        if workload.parallel.distributed and measured_as is None:
             return  # ranks hold shards and buckets that one process's step does not show
         try:
             replica = fake_replica(workload, self._mode)
@@ -125,13 +244,17 @@ class DryRun:
                 replica, FakeBackend(backend, self._mode), headroom=headroom, settings=settings
             )
         except Exception as exc:  # any user code may refuse fake tensors: then no prediction
-            log.info("no dry run of %s: %s", workload.name, _first_line(exc))
+            log.warning(refusal(workload.name, exc))
+        self._measure: Callable[[int], ProbeResult] | None = (
+            None if self._prober is None or measured_as is None else measured_as(self._prober)
+        )
 
     @classmethod
     def unavailable(cls) -> DryRun:
         """A dry run that predicts nothing."""
         dry_run = cls.__new__(cls)
-        dry_run._predictions, dry_run._prober = {}, None
+        dry_run._predictions, dry_run._prober, dry_run._name = {}, None, ""
+        dry_run._measure, dry_run._world = None, contextlib.ExitStack()
         return dry_run
 
     def __enter__(self) -> DryRun:
@@ -141,6 +264,7 @@ class DryRun:
         if self._prober is not None:
             self._prober.__exit__(*exc_info)
             self._prober = None
+        self._world.close()
 
     @property
     def available(self) -> bool:
@@ -152,32 +276,60 @@ class DryRun:
         prediction = None
         if self._prober is not None:
             try:
-                prediction = self._prober(micro_batch_size)
+                prediction = (self._measure or self._prober)(micro_batch_size)
             except Exception as exc:
-                log.info("dry run stopped at %d: %s", micro_batch_size, _first_line(exc))
+                log.warning(refusal(self._name, exc, micro_batch_size))
                 self.__exit__(None, None, None)
         self._predictions[micro_batch_size] = prediction
         return prediction
 
 
 def dry_run_of_target(
-    target: str, options: Mapping[str, Any], *, capacity_bytes: int, headroom: float
+    target: str,
+    options: Mapping[str, Any],
+    *,
+    capacity_bytes: int,
+    headroom: float,
+    ranks: tuple[Parallel, int] | None = None,
 ) -> DryRun:
     """For the coordinator of ranks (:mod:`tuner.engine.launch`), which holds no model: the
     workload loaded on fake tensors (built under the fake mode, so that not even a factory
     that puts its model on a GPU takes memory here), one process's step of it on the CPU.
     A rank's peak differs from it by what the wrapper holds (DDP's buckets, FSDP's shards
     and gathers, about constant in the batch) and by the device; the search calibrates the
-    predictions on the ranks' probes, as it does a GPU's."""
+    predictions on the ranks' probes, as it does a GPU's.
+
+    With ``ranks`` (the parallel settings and the world size), the step predicted is rank
+    0's: the fake copy is wrapped as the ranks' models are, in a fake world of that size
+    held by the dry run (:mod:`tuner.engine.fake_world`), and one collective is counted in
+    flight as a fake world's probes count it. FSDP runs so; DDP does not (its reducer's
+    communication hook asserts on a fake result in C++)."""
+    from tuner.engine.fake_world import fake_process_group, with_one_collective_in_flight
+
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         with mode:
             workload = load_workload(target, dict(options))
-        workload = dataclasses.replace(workload, parallel=Parallel(), shard=None)
+        if ranks is None:
+            workload = dataclasses.replace(workload, parallel=Parallel(), shard=None)
+        else:
+            workload = dataclasses.replace(workload, parallel=ranks[0])
     except Exception as exc:
-        log.info("no dry run of %s: %s", target, _first_line(exc))
+        log.warning(refusal(target, exc))
         return DryRun.unavailable()
-    return DryRun(workload, CpuBackend(capacity_bytes), headroom=headroom, mode=mode)
+    if ranks is None:
+        return DryRun(workload, CpuBackend(capacity_bytes), headroom=headroom, mode=mode)
+    world = contextlib.ExitStack()
+    world.enter_context(fake_process_group(ranks[1]))
+    dry_run = DryRun(
+        workload,
+        CpuBackend(capacity_bytes),
+        headroom=headroom,
+        mode=mode,
+        measured_as=with_one_collective_in_flight,
+    )
+    dry_run._world = world
+    return dry_run
 
 
 def fake_replica(workload: Workload, mode: FakeTensorMode) -> Workload:
@@ -234,10 +386,36 @@ def _replica_optimizer(
 
 
 def _fake_batches(make_batch: Callable[..., Batch], mode: FakeTensorMode) -> Callable[..., Batch]:
+    """Batches whose host tensors stay real (their values choose the model's paths,
+    :class:`HostValues`; they are small and the real probe makes them too) and whose
+    device tensors are made fake."""
+
     def make(size: int, **kwargs: Any) -> Batch:
-        return map_tensors(make_batch(size, **kwargs), mode.from_tensor)
+        return map_tensors(
+            make_batch(size, **kwargs),
+            lambda t: t if _on_host(t) else mode.from_tensor(t),
+        )
 
     return make
+
+
+def refusal(name: str, exc: BaseException, micro_batch_size: int | None = None) -> str:
+    """The one line that says what the dry run of ``name`` could not run, and that the
+    search goes on without predictions (its first probe unaimed)."""
+    where = "" if micro_batch_size is None else f" at micro batch {micro_batch_size}"
+    func = getattr(exc, "func", None)
+    if isinstance(exc, DataDependentOutputException):
+        why = f"{func} reads a value of a tensor computed from the model (.item(), a branch)"
+    elif isinstance(exc, DynamicOutputShapeException):
+        why = f"{func} sizes its result by the values of a tensor computed from the model"
+    elif isinstance(exc, UnsupportedOperatorException):
+        why = f"{func} has no fake-tensor implementation"
+    else:
+        why = f"{type(exc).__name__}: {_first_line(exc)}"
+    return (
+        f"dry run of {name} stopped{where}: {why}, which fake tensors cannot run; "
+        "the search goes on without predictions"
+    )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -323,11 +323,16 @@ def profile_distributed(
 
     probe = observed(on_every_rank, observer)
 
+    # FSDP's ranks are predicted as a fake world's rank 0 is, and the search starts at the
+    # predictions' M*; DDP's reducer does not run on fake tensors, so its ranks are aimed
+    # by one process's step calibrated on their probe of size 1.
+    of_a_rank = parallel.mode == "fsdp"
     dry_run = dry_run_of_target(
         target,
         options or {},
         capacity_bytes=math.ceil(ready.budget_bytes / (1 - headroom)),
         headroom=headroom,
+        ranks=(parallel, world_size) if of_a_rank else None,
     )
     try:
         with dry_run:
@@ -337,7 +342,7 @@ def profile_distributed(
                 cap=size_cap,
                 budget_bytes=ready.budget_bytes,
                 predict=dry_run if dry_run.available else None,
-                aim_first=False,  # one process's step: calibrated on the ranks' probes first
+                aim_first=of_a_rank,  # else calibrated on the ranks' probes first
             )
     finally:
         group.stop()
