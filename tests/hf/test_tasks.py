@@ -89,8 +89,14 @@ def test_an_image_classifier_refuses_a_sequence_length_in_one_line() -> None:
         ),
         (lambda: seq2seq_lm(config=T5, seq_len=8), ["T5Block"] * 4),
         (lambda: image_classification(config=VIT), ["ViTEmbeddings"] + ["ViTLayer"] * 2),
+        # mBART also names MBartAttention, a part of its layers: only the layers are
+        # sharded (a part sharded after its layer stopped torch's fully_shard).
+        (
+            lambda: seq2seq_lm(config={**BART, "model_type": "mbart"}, seq_len=8),
+            ["MBartEncoderLayer"] * 2 + ["MBartDecoderLayer"] * 2,
+        ),
     ],
-    ids=["llama", "t5", "vit"],
+    ids=["llama", "t5", "vit", "mbart"],
 )
 def test_fsdp_shards_each_block_the_model_names_then_the_model(model_workload, blocks) -> None:
     built = model_workload()

@@ -227,12 +227,22 @@ def optimizer_factory(name: str, lr: float) -> OptimizerFactory:
 
 def shard_blocks(model: nn.Module, fully_shard: Callable[[nn.Module], Any]) -> None:
     """FSDP: shard each block the model names in ``_no_split_modules`` (its decoder or
-    encoder layers), then the whole model, so that one block is gathered at a time."""
+    encoder layers), then the whole model, so that one block is gathered at a time.
+
+    Only the outermost such blocks: a model may also name a block's parts (mBART names
+    ``MBartAttention`` beside its layers), and a part sharded after its layer would find
+    its parameters sharded already (torch refuses: "value was None")."""
     names: set[str] = set()
     for module in model.modules():
         names.update(getattr(module, "_no_split_modules", None) or ())
-    blocks = [m for m in model.modules() if m is not model and type(m).__name__ in names]
-    for block in blocks:
+    blocks: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if module is model or type(module).__name__ not in names:
+            continue
+        if any(name.startswith(f"{outer}.") for outer, _ in blocks):
+            continue  # inside a block already chosen (modules come parents first)
+        blocks.append((name, module))
+    for _, block in blocks:
         fully_shard(block)
     fully_shard(model)
 
