@@ -408,9 +408,14 @@ def _training_steps_cpu(results: list[Any], probes: list[dict[str, Any]]) -> flo
     return total
 
 
-def run_in_process(python: str, tree: Path, name: str, quick: bool) -> dict[str, Any]:
-    """``run_path`` in a fresh process importing the product from ``tree``."""
+def run_in_process(
+    python: str, tree: Path, name: str, quick: bool, threads: int | None = None
+) -> dict[str, Any]:
+    """``run_path`` in a fresh process importing the product from ``tree`` (with
+    ``threads`` torch threads in the profiling process, where given)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     argv = [python, str(Path(__file__).resolve()), "--worker", name]
     argv += ["--quick"] if quick else []
     started, used = time.perf_counter(), _children_cpu()
@@ -512,6 +517,13 @@ def main() -> None:
     parser.add_argument("--paths", help="comma-separated names of paths (default: all)")
     parser.add_argument("--quick", action="store_true", help="smaller models; writes nothing")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads of the profiling process (default torch's); on a machine "
+        "busy with other work, 1: spinning threads waiting for a descheduled one slowed "
+        "a small model's steps 50-fold here, in wall and CPU seconds alike",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -527,7 +539,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         for name in names:
             for label, tree in trees.items():
-                document = run_in_process(sys.executable, tree, name, args.quick)
+                document = run_in_process(sys.executable, tree, name, args.quick, args.threads)
                 runs[name][label].append(document)
                 print(
                     f"[{repeat + 1}/{args.repeats}] {name}, {label}: {document['wall_s']:.1f} s, "
