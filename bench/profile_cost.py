@@ -23,14 +23,21 @@ A profile's wall time is split, each second counted once (in the innermost part 
 
 The reference is the sum of the profile's training steps: every probe's ``steps_run``
 times its untracked ``step_time_s``, what those steps cost in training. The ratio of the
-wall time to it is the overhead. On ranks the steps are rank 0's (timers in each rank
-process write their figures to a folder this process reads).
+wall time to it is the overhead (a cut that runs fewer steps lowers both: compare the
+seconds). On ranks the steps are rank 0's (timers in each rank process write their
+figures to a folder this process reads). The same parts are also given in CPU seconds,
+every thread of the process and of its ranks (the ranks' own start is in the rest): on a
+machine busy with other work they move far less than wall seconds.
+
+With the fake world the guard's row holds the probe run under the guard: a probe of its
+own before the search until this change, the search's first probe since.
 
 ``--before PATH`` runs every path also on the tree at ``PATH`` (a checkout of an earlier
 commit), alternating with this tree, and checks that ``M*`` and every probe's peaks are
 the same byte for byte in both: the cuts must not change a result.
 
-    python bench/profile_cost.py [--repeats 2] [--before ../main] [--quick] [--no-write]
+    python bench/profile_cost.py [--repeats 2] [--before ../main] [--quick] [--threads 1]
+                                 [--paths GPT,DDP] [--no-write]
 """
 
 from __future__ import annotations
