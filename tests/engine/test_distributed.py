@@ -5,15 +5,20 @@ coordinator (a rank that does not answer is ended and the test fails, never hang
 from __future__ import annotations
 
 import json
+import math
+from typing import Any
 
 import pytest
 
 from tests.helpers import run_tuner
 from tuner.core.parallel import Parallel
 from tuner.core.results import Profile
+from tuner.engine import launch
 from tuner.engine.backends import make_backend
+from tuner.engine.dry_run import DryRun, dry_run_of_target
 from tuner.engine.launch import profile_distributed
 from tuner.engine.profiler import profile_workload
+from tuner.engine.rank import RankReady
 from tuner.engine.workload import load_workload
 
 MiB = 2**20
@@ -115,6 +120,32 @@ def test_an_out_of_memory_on_one_rank_is_does_not_fit_for_all_and_the_search_goe
     assert {p.micro_batch_size for p in failed} == {4}  # bisect: 1, 2, 4 fails, then 3
     assert profile.probes[-1].micro_batch_size == 3
     assert profile.probes[-1].fits
+
+
+def test_the_dry_run_is_built_while_the_ranks_start_with_the_capacity_they_report(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the CPU the coordinator builds its dry run before waiting for the ranks (they
+    import torch and build the model meanwhile), at the capacity the ranks' budget
+    stands for, so the predictions are those made after they answered."""
+    events: list[tuple[str, object]] = []
+    build, wait = dry_run_of_target, launch.RankGroup.wait_ready
+
+    def building(*args: Any, **kwargs: Any) -> DryRun:
+        events.append(("dry run", kwargs["capacity_bytes"]))
+        return build(*args, **kwargs)
+
+    def waiting(self: launch.RankGroup) -> RankReady:
+        ready = wait(self)
+        events.append(("ready", math.ceil(ready.budget_bytes / (1 - 0.05))))
+        return ready
+
+    monkeypatch.setattr(launch, "dry_run_of_target", building)
+    monkeypatch.setattr(launch.RankGroup, "wait_ready", waiting)
+    profile = _profile(Parallel(mode="ddp"), 2, size_cap=2)
+    assert profile.max_micro_batch_size == 2
+    assert [name for name, _ in events] == ["dry run", "ready"]
+    assert events[0][1] == events[1][1]
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from tests.helpers import run_tuner, subprocess_env
 from tuner.core.errors import BadInputError, WorkloadError
@@ -22,7 +23,9 @@ from tuner.core.results import ProbeResult, ProbeSettings, Profile
 from tuner.core.shape import MeshShape
 from tuner.engine.backends import make_backend
 from tuner.engine.fake_world import (
+    CollectiveValueGuard,
     fake_process_group,
+    guarded_until_a_step_runs,
     profile_fake_world,
     with_one_collective_in_flight,
 )
@@ -213,6 +216,44 @@ def test_a_step_that_reads_a_collectives_values_is_refused_in_a_fake_world() -> 
             strategy="model",
             size_cap=64,
         )
+
+
+def test_a_fake_world_guards_its_first_probe_and_runs_no_probe_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guard against collective values rides on the search's first probe (size 1 for
+    the model search), which was run twice before: once guarded, once measured."""
+    sizes: list[tuple[int, bool]] = []
+    call = Prober.__call__
+
+    def recording(self: Prober, size: int, **kwargs: bool) -> ProbeResult:
+        guarded = any(
+            isinstance(mode, CollectiveValueGuard) for mode in _get_current_dispatch_mode_stack()
+        )
+        sizes.append((size, guarded))
+        return call(self, size, **kwargs)
+
+    monkeypatch.setattr(Prober, "__call__", recording)
+    profile = _fake_world_profile(2)
+    assert [size for size, _ in sizes] == [p.micro_batch_size for p in profile.probes]
+    assert sizes[0] == (1, True)
+    assert not any(guarded for _, guarded in sizes[1:])
+
+
+def test_the_guard_stays_until_a_probe_has_run_its_steps_whole() -> None:
+    """A probe that ran out of memory may have stopped before the step read a value."""
+    guarded: list[bool] = []
+
+    def probe(size: int) -> ProbeResult:
+        guarded.append(
+            any(isinstance(m, CollectiveValueGuard) for m in _get_current_dispatch_mode_stack())
+        )
+        return ProbeResult(micro_batch_size=size, fits=size < 8, oom=size >= 8)
+
+    checked = guarded_until_a_step_runs(probe)
+    for size in (16, 8, 4, 6):
+        checked(size)
+    assert guarded == [True, True, True, False]
 
 
 def _fake_world_profile(tp: int, world_size: int = 16) -> Profile:

@@ -10,8 +10,8 @@ training's (nothing was exchanged), and the profile says so.
 
 That holds only while memory does not depend on the values a collective returns. A step
 that routes tokens by the result of an all-reduce, or sizes a tensor by a count it
-received, would allocate for made-up values; such a workload is refused: one step runs
-under :class:`CollectiveValueGuard`, which marks every storage computed from a
+received, would allocate for made-up values; such a workload is refused: the first probe
+runs under :class:`CollectiveValueGuard`, which marks every storage computed from a
 collective's output and refuses the first operator whose result's shape or Python value
 is read from a marked one (``nonzero``, ``.item()``, ``unique``, ...).
 
@@ -218,6 +218,27 @@ def with_one_collective_in_flight(prober: Prober) -> Callable[[int], ProbeResult
     return probe
 
 
+def guarded_until_a_step_runs(probe: Callable[[int], ProbeResult]) -> Callable[[int], ProbeResult]:
+    """``probe`` run under :class:`CollectiveValueGuard` until one probe has run its steps
+    whole: a workload whose memory follows the values exchanged is refused at its first
+    probe (the search's, size 1 for the model search), and no probe is run twice for it.
+    A probe that runs out of memory may stop before the step reads a value, so the next
+    one is guarded too. The guard allocates nothing: the guarded probe's peaks are those
+    of an unguarded one."""
+    checked = False
+
+    def guarded(size: int) -> ProbeResult:
+        nonlocal checked
+        if checked:
+            return probe(size)
+        with CollectiveValueGuard():
+            result = probe(size)
+        checked = not result.oom
+        return result
+
+    return guarded
+
+
 def _masked_by_marked(guard: CollectiveValueGuard, args: tuple[Any, ...]) -> bool:
     """Whether a boolean index computed from a collective's values selects the elements."""
     indices = args[1] if len(args) > 1 else ()
@@ -257,13 +278,8 @@ def profile_fake_world(
         backend.session(),
         Prober(workload, backend, headroom=headroom, settings=settings, rank=0) as prober,
     ):
-        with CollectiveValueGuard():
-            # One step at size 1 before the search: a workload whose memory follows the
-            # values exchanged is refused before anything is measured.
-            prober(1)
         keys = (workload_key(workload, prober.optimizer), device_key(backend))
-
-        probe = observed(with_one_collective_in_flight(prober), observer)
+        probe = observed(guarded_until_a_step_runs(with_one_collective_in_flight(prober)), observer)
         outcome = run_search(
             strategy,
             probe,

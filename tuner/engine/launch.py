@@ -102,6 +102,12 @@ class RankGroup:
     pipes: list[multiprocessing.connection.Connection] = field(default_factory=list)
 
     def start(self) -> RankReady:
+        """Start every rank and wait until each is set up."""
+        self.spawn()
+        return self.wait_ready()
+
+    def spawn(self) -> None:
+        """Start every rank's process, without waiting for it (:meth:`wait_ready`)."""
         context = multiprocessing.get_context("spawn")
         request = dataclasses.replace(self.request, port=_free_port())
         with rank_environment(request.device):
@@ -114,6 +120,9 @@ class RankGroup:
                 theirs.close()
                 self.processes.append(process)
                 self.pipes.append(ours)
+
+    def wait_ready(self) -> RankReady:
+        """Rank 0's description of the run, once every rank is set up."""
         answers = self._collect(READY_TIMEOUT_S, what="start")
         ready = answers[0][1] if answers else None
         if not isinstance(ready, RankReady):
@@ -271,6 +280,21 @@ def _free_port() -> int:
         return port
 
 
+def _capacity_of_budget(budget_bytes: int, headroom: float) -> int:
+    """The device capacity a rank's budget, ``⌊(1 − headroom) × capacity⌋``, stands for."""
+    return math.ceil(budget_bytes / (1 - headroom))
+
+
+def _cpu_capacity_bytes(device: str, memory_limit_bytes: int | None, headroom: float) -> int | None:
+    """The capacity the dry run is given, before any rank has said its budget: on the CPU
+    a rank's capacity is the limit, and this is the same arithmetic through its budget
+    (so the predictions are those made after the ranks answered, to the byte); ``None``
+    on a GPU, whose capacity only a rank can read."""
+    if device.startswith("cuda") or memory_limit_bytes is None:
+        return None
+    return _capacity_of_budget(int((1 - headroom) * memory_limit_bytes), headroom)
+
+
 def profile_distributed(
     target: str,
     *,
@@ -308,7 +332,30 @@ def profile_distributed(
             port=0,
         )
     )
-    ready = group.start()
+    # FSDP's ranks are predicted as a fake world's rank 0 is, and the search starts at the
+    # predictions' M*; DDP's reducer does not run on fake tensors, so its ranks are aimed
+    # by one process's step calibrated on their probe of size 1.
+    of_a_rank = parallel.mode == "fsdp"
+    group.spawn()
+    try:
+        # On the CPU the coordinator's dry run is built while the ranks start (each
+        # imports torch and builds its model): its capacity is known without them.
+        early = _cpu_capacity_bytes(device, memory_limit_bytes, headroom)
+        dry_run = (
+            dry_run_of_target(
+                target,
+                options or {},
+                capacity_bytes=early,
+                headroom=headroom,
+                ranks=(parallel, world_size) if of_a_rank else None,
+            )
+            if early is not None
+            else None
+        )
+        ready = group.wait_ready()
+    except BaseException:
+        group.stop(grace_s=0.0)
+        raise
 
     def on_every_rank(size: int) -> ProbeResult:
         probe_started = time.perf_counter()
@@ -323,17 +370,14 @@ def profile_distributed(
 
     probe = observed(on_every_rank, observer)
 
-    # FSDP's ranks are predicted as a fake world's rank 0 is, and the search starts at the
-    # predictions' M*; DDP's reducer does not run on fake tensors, so its ranks are aimed
-    # by one process's step calibrated on their probe of size 1.
-    of_a_rank = parallel.mode == "fsdp"
-    dry_run = dry_run_of_target(
-        target,
-        options or {},
-        capacity_bytes=math.ceil(ready.budget_bytes / (1 - headroom)),
-        headroom=headroom,
-        ranks=(parallel, world_size) if of_a_rank else None,
-    )
+    if dry_run is None:
+        dry_run = dry_run_of_target(
+            target,
+            options or {},
+            capacity_bytes=_capacity_of_budget(ready.budget_bytes, headroom),
+            headroom=headroom,
+            ranks=(parallel, world_size) if of_a_rank else None,
+        )
     try:
         with dry_run:
             outcome = run_search(
