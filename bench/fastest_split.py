@@ -19,7 +19,7 @@ import time
 
 from bench.common import machine_line, markdown_table, write_section
 from tuner.answer.local import answer_from
-from tuner.core.plan import balanced_runs, expand, format_runs
+from tuner.core.plan import balanced_runs, expand, format_runs, split_runs
 from tuner.core.units import parse_bytes
 from tuner.engine.backends import CpuBackend
 from tuner.engine.probe import Prober
@@ -51,14 +51,17 @@ def main() -> None:
     print(f"answer: {format_runs(answer.split)} ({answer.reason})")
     print(f"profile {with_timing_s:.1f} s with timing, {without_timing_s:.1f} s without")
 
-    # Every distinct balanced split of B whose micro batches fit, fewest steps first.
+    # The splits the issue timed: the fewest balanced (k₀ = ⌈B / M*⌉ micro batches), one
+    # more, 2, 4 and 8 times as many, and max's M* first with the remainder last.
+    fewest_steps = -(-batch // m_star)
     splits = []
-    for steps in range(-(-batch // m_star), batch + 1):
-        runs = balanced_runs(batch, -(-batch // steps))
-        if runs not in splits and sum(c for _, c in runs) == steps:
+    for steps in (fewest_steps, fewest_steps + 1, *(fewest_steps * j for j in (2, 4, 8))):
+        runs = balanced_runs(batch, -(-batch // steps)) if steps <= batch else None
+        if runs is not None and runs not in splits:
             splits.append(runs)
-        if len(splits) == 12:
-            break
+    largest_first = split_runs(batch, m_star)
+    if largest_first not in splits:
+        splits.append(largest_first)
     speeds: dict[int, list[float]] = {i: [] for i in range(len(splits))}
     backend = CpuBackend(limit)
     with backend.session(), Prober(load_workload(TARGET), backend) as prober:
