@@ -36,7 +36,8 @@ from tuner.core.shape import MeshShape
 from tuner.core.units import format_bytes
 from tuner.core.worlds import estimate_world_size
 from tuner.engine.backends import make_backend
-from tuner.engine.fake_world import fake_process_group, profile_fake_world
+from tuner.engine.fake_group import fake_process_group
+from tuner.engine.fake_world import profile_fake_world
 from tuner.engine.launch import profile_distributed
 from tuner.engine.probe import Prober
 from tuner.engine.profiler import profile_workload

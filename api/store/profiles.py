@@ -21,7 +21,7 @@ from api.store.generation import mark_changed
 from api.store.paging import keyset_page
 from api.store.projects import in_project
 from api.store.rows import get_or_404
-from api.store.variants import check_one_chosen, variant_columns, variant_fields
+from api.store.variant_rows import check_one_chosen, variant_columns, variant_fields
 from tuner.answer import current, identity
 from tuner.answer.evidence import ProfileRow, workload_info
 from tuner.core import results

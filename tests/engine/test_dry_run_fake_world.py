@@ -10,11 +10,8 @@ from tuner.core.parallel import Parallel
 from tuner.core.results import ProbeSettings
 from tuner.engine.backends import CpuBackend, make_backend
 from tuner.engine.dry_run import DryRun
-from tuner.engine.fake_world import (
-    fake_process_group,
-    profile_fake_world,
-    with_one_collective_in_flight,
-)
+from tuner.engine.fake_group import fake_process_group, with_one_collective_in_flight
+from tuner.engine.fake_world import profile_fake_world
 from tuner.engine.launch import profile_distributed
 from tuner.engine.probe import Prober
 from tuner.engine.workload import Workload, load_workload

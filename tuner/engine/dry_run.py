@@ -223,7 +223,7 @@ class DryRun:
         measured_as: Callable[[Prober], Callable[[int], ProbeResult]] | None = None,
     ) -> None:
         """``measured_as``: how this process's probes are read (a fake world's count one
-        collective in flight, :func:`tuner.engine.fake_world.with_one_collective_in_flight`);
+        collective in flight, :func:`tuner.engine.fake_group.with_one_collective_in_flight`);
         given, this process is rank 0 of a fake world, and the fake replica is wrapped as
         the workload's ranks are (FSDP's shards and gathers, the tensor plan's DTensors:
         torch's fake process group answers their collectives on fake tensors as on real)."""
@@ -304,7 +304,7 @@ def dry_run_of_target(
     held by the dry run (:mod:`tuner.engine.fake_world`), and one collective is counted in
     flight as a fake world's probes count it. FSDP runs so; DDP does not (its reducer's
     communication hook asserts on a fake result in C++)."""
-    from tuner.engine.fake_world import fake_process_group, with_one_collective_in_flight
+    from tuner.engine.fake_group import fake_process_group, with_one_collective_in_flight
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:

@@ -41,7 +41,6 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -53,6 +52,11 @@ from tuner.core.results import ProbeResult, ProbeSettings, Profile
 from tuner.engine.backends import Backend
 from tuner.engine.backends.base import plain_tensors
 from tuner.engine.dry_run import DryRun
+from tuner.engine.fake_group import (
+    COLLECTIVE_NAMESPACES,
+    fake_process_group,
+    with_one_collective_in_flight,
+)
 from tuner.engine.fingerprint import device_key, workload_key
 from tuner.engine.outcome import (
     ProbeObserver,
@@ -66,7 +70,6 @@ from tuner.engine.probe import Prober
 from tuner.engine.search import run_search
 from tuner.engine.workload import Workload
 
-_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 # Operators whose output's shape, or whose Python result, depends on the input's values.
 _VALUE_READS = frozenset(
     {
@@ -89,24 +92,6 @@ _VALUE_READS = frozenset(
 )
 # Indexing whose result's shape is the number of true values of a boolean index.
 _MASKED_INDEXING = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
-
-
-@contextmanager
-def fake_process_group(world_size: int) -> Iterator[None]:
-    """Join a fake world of ``world_size`` ranks as rank 0 for the block's duration."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise BadInputError(
-            "this process already belongs to a process group: profile a fake world from a "
-            "process of its own (the tuner command line, not inside torchrun)"
-        )
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class CollectiveValueGuard(TorchDispatchMode):
@@ -147,7 +132,7 @@ class CollectiveValueGuard(TorchDispatchMode):
         kwargs = kwargs or {}
         namespace = func.namespace
         name = func._opname
-        if namespace in _COLLECTIVE_NAMESPACES:
+        if namespace in COLLECTIVE_NAMESPACES:
             out = func(*args, **kwargs)
             # In-place collectives (c10d's) write into their arguments; functional ones
             # return new tensors.
@@ -166,56 +151,6 @@ class CollectiveValueGuard(TorchDispatchMode):
         if marked:
             self._mark(out)
         return out
-
-
-class LargestCollective(TorchDispatchMode):
-    """The largest storage any collective operator reads or writes while it is active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest_bytes = 0
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func.namespace in _COLLECTIVE_NAMESPACES:
-            for leaf in tree_leaves((args, kwargs, out)):
-                if isinstance(leaf, torch.Tensor):
-                    for plain in plain_tensors(leaf):
-                        self.largest_bytes = max(
-                            self.largest_bytes, plain.untyped_storage().nbytes()
-                        )
-        return out
-
-
-def with_one_collective_in_flight(prober: Prober) -> Callable[[int], ProbeResult]:
-    """``prober`` whose results count the largest collective buffer of the step as held at
-    the peak (``collective_copies_bytes``), and fit only with it."""
-
-    def probe(size: int) -> ProbeResult:
-        largest = LargestCollective()
-        with largest:
-            result = prober(size)
-        if result.breakdown is None or result.peak_reserved_bytes is None:
-            return result  # out of memory: nothing to add to
-        held = result.model_copy(
-            update={
-                "breakdown": result.breakdown.model_copy(
-                    update={"collective_copies_bytes": largest.largest_bytes}
-                )
-            }
-        )
-        footprint = held.footprint_bytes or 0
-        fits = result.fits and footprint <= prober.budget_bytes
-        return held.model_copy(update={"fits": fits})
-
-    return probe
 
 
 def guarded_until_a_step_runs(probe: Callable[[int], ProbeResult]) -> Callable[[int], ProbeResult]:
