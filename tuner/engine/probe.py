@@ -168,14 +168,11 @@ class Prober:
         self.module.train()
         scaler = self._new_scaler()
         track, stop = self.backend.track, self.stop_at
-        time_last_warmup = self._times_last_warmup()
-        tracked_warmups = self.settings.warmup_steps - int(time_last_warmup)
-        if tracked_warmups:
+        if self.settings.warmup_steps:
             with track(self._resident(batch), enforce_capacity=enforce_capacity, stop_at=stop):
-                for _ in range(tracked_warmups):
+                for _ in range(self.settings.warmup_steps):
                     progress.steps += 1
                     self._step(batch, scaler)
-        untracked_time = self._untracked_step(batch, scaler, progress) if time_last_warmup else None
         with track(
             self._resident(batch),
             enforce_capacity=enforce_capacity,
@@ -190,41 +187,14 @@ class Prober:
             self.backend.synchronize()
             step_time = (time.perf_counter() - start) / self.settings.measure_steps
         breakdown = self._breakdown(measure)
-        if self.backend.tracking_slows_steps and untracked_time is None:
-            untracked_time = self._untracked_step(batch, scaler, progress)
-        return _StepsOutcome(
-            reading, breakdown, step_time if untracked_time is None else untracked_time
-        )
-
-    def _times_last_warmup(self) -> bool:
-        """Whether the last warm-up step runs untracked and is the step timed as training
-        runs it, in place of one more step after the measured ones.
-
-        Only where tracking slows steps (the CPU's tracker, 4 to 6 times per step on the
-        Quickstart's GPT), in one process, and after at least one tracked warm-up step:
-        that first step creates the optimizer's state under the tracker and is stopped
-        at the limit, so the untracked step holds at most its peak plus that state. The
-        measured step starts from the same state either way (weights, gradients zeroed,
-        optimizer state, the batch), registered with the tracker before it runs, so its
-        peaks are the same to the byte. Ranks keep every warm-up step tracked: DDP
-        rebuilds its buckets in the second step's forward, and a storage made unseen
-        would be missed by the measured step until an operator touches it.
-        """
-        return (
-            self.backend.tracking_slows_steps
-            and not self.parallel.distributed
-            and self.settings.warmup_steps >= 2
-        )
-
-    def _untracked_step(
-        self, batch: Batch, scaler: torch.amp.GradScaler | None, progress: _Progress
-    ) -> float:
-        """One step the way training runs it (tracking adds per-operator cost): its seconds."""
-        start = time.perf_counter()
-        progress.steps += 1
-        self._step(batch, scaler)
-        self.backend.synchronize()
-        return time.perf_counter() - start
+        if self.backend.tracking_slows_steps:
+            # Tracking adds per-operator cost; time one step the way training runs it.
+            start = time.perf_counter()
+            progress.steps += 1
+            self._step(batch, scaler)
+            self.backend.synchronize()
+            step_time = time.perf_counter() - start
+        return _StepsOutcome(reading, breakdown, step_time)
 
     def _step(
         self, batch: Batch, scaler: torch.amp.GradScaler | None, measure: _Measure | None = None
