@@ -101,12 +101,7 @@ def main() -> None:
     print(summary)
     if not args.no_write:
         body = "\n\n".join(
-            [
-                f"Machine: {machine_line()}.",
-                f"The answer's reason: {answer.reason}.",
-                table,
-                summary,
-            ]
+            [f"Machine: {machine_line()}. The answer's reason: {answer.reason}.", table, summary]
         )
         write_section("fastest-split", "## The plan that trains fastest\n\n" + body)
 

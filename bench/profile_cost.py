@@ -523,7 +523,7 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="a checkout of the commit to compare with")
     parser.add_argument("--paths", help="comma-separated names of paths (default: all)")
     parser.add_argument("--quick", action="store_true", help="smaller models; writes nothing")
-    parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--no-write", action="store_true", help="print only (it always does)")
     parser.add_argument(
         "--threads",
         type=int,
@@ -563,16 +563,7 @@ def main() -> None:
         print("M* or peaks differ between the trees:\n" + "\n".join(differing))
         raise SystemExit(1)
     print("M* and every probe's peaks are the same in every tree, byte for byte.")
-    if not (args.no_write or args.quick):
-        from bench.common import machine_line, write_section
-
-        body = (
-            "## What a profile costs (`bench/profile_cost.py`)\n\n"
-            f"Machine: {machine_line()}. Seconds per profile (median of {args.repeats}, "
-            "range in brackets) against the sum of its training steps, and where the rest "
-            "goes.\n\n" + table
-        )
-        write_section("profile-cost", body)
+    # It prints only: its figures, and what each cut saved, are kept in CHANGELOG.md.
 
 
 if __name__ == "__main__":
