@@ -44,6 +44,7 @@ from tuner.core.parallel import Parallel
 from tuner.core.plan import POLICIES, Recommendation
 from tuner.core.results import Profile
 from tuner.core.shape import MeshShape
+from tuner.core.speeds import SpeedCurve, TimedSize
 
 DEVICES = [
     ("dev-a".ljust(24, "a"), "cpu-a", 200 * MiB),
@@ -76,7 +77,19 @@ def stored_profile(draw: st.DrawFn, minute: int) -> Profile:
         created_at=at(minute),
     )
     parallel = Parallel(mode=mode, tp=tp, tp_plan="llama" if tp > 1 else None)  # type: ignore[arg-type]
-    return base.model_copy(update={"world_size": world, "parallel": parallel})
+    # Some profiles were timed after M*: their answers compare splits by the speed curve.
+    speeds = None
+    if draw(st.booleans()):
+        sizes = sorted({max(1, found // 2**j) for j in range(4)})
+        rounds = [draw(st.lists(st.floats(1e-4, 1e-2), min_size=1, max_size=3)) for _ in sizes]
+        speeds = SpeedCurve(
+            sizes=[
+                TimedSize(micro_batch_size=m, seconds_per_sample=r)
+                for m, r in zip(sizes, rounds, strict=True)
+            ],
+            optimizer_seconds=draw(st.floats(0, 0.05)),
+        )
+    return base.model_copy(update={"world_size": world, "parallel": parallel, "speeds": speeds})
 
 
 @st.composite
