@@ -255,8 +255,9 @@ def recommend(
     footprint = probe.footprint_bytes if probe is not None else None
     expected_speed = probe.samples_per_second if probe is not None else None
     spread = None
-    if speeds is not None and speeds.samples_per_second(split) is not None:
-        expected_speed, spread = speeds.samples_per_second(split), speeds.spread(split)
+    timed_speed = speeds.samples_per_second(split) if speeds is not None else None
+    if speeds is not None and timed_speed is not None:
+        expected_speed, spread = timed_speed, speeds.spread(split)
     return Recommendation(
         micro_batch_size=micro,
         grad_accum=sum(count for _, count in split),
