@@ -609,17 +609,22 @@ def main() -> None:
 def _section(table: str, failures: str, summary: str) -> str:
     from bench.common import machine_line
 
+    # One line of prose and the failures only where there are any: the file keeps every
+    # benchmark's current result in 300 lines, and this table grows with the corpus.
+    lead = (
+        f"{machine_line()}. {summary}{'' if failures else ', no failures'}. Each cell is one "
+        "`tuner` command (or three accumulating steps) on a model from "
+        "`bench/corpus_models.py` (tiny configs of transformers families, ResNet- and "
+        "MobileNet-style CNNs written here because torchvision's wheel for this torch does "
+        "not load on its CPU build, an LSTM language model), against a `tuner serve` on "
+        "127.0.0.1 with a temporary SQLite store; CPU, each at its own `--memory-limit`."
+    )
+    body = f"{table}\n\n{failures}" if failures else table
     return f"""## A corpus of models the project was not written around (`bench/corpus.py`)
 
-{machine_line()}. {summary}. Each cell is one `tuner` command (or three accumulating
-steps) on a model from `bench/corpus_models.py` (tiny configs of transformers families,
-ResNet- and MobileNet-style CNNs written here because torchvision's wheel for this torch
-does not load on its CPU build, an LSTM language model), against a `tuner serve` on
-127.0.0.1 with a temporary SQLite store; CPU, each at its own `--memory-limit`.
+{lead}
 
-{table}
-
-{failures or "No failures."}
+{body}
 """
 
 
