@@ -12,8 +12,8 @@ from pathlib import Path
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 _HEADER = (
     "# Benchmarks\n\nThe current result of each benchmark: the machine, the date and the command "
-    "that made it.\nEach section is written by its command; rerun it to refresh. Earlier "
-    "results, with the\nchange each measured, are in [CHANGELOG.md](CHANGELOG.md).\n"
+    "that made it. Each section is written by its command; rerun it to refresh. Earlier "
+    "results, with the change each measured, are in [CHANGELOG.md](CHANGELOG.md).\n"
 )
 
 

@@ -211,8 +211,7 @@ def mesh_main(quick: bool) -> None:
             ),
             "Fake-world shapes, the last beyond any machine here (512 ranks):",
             markdown_table(["(dp, tp)", "ranks", "M*", "peak at M*"], beyond),
-            line + ".",
-            f"Wall time: {elapsed / 60:.1f} min.",
+            f"{line}. Wall time: {elapsed / 60:.1f} min.",
         ]
     )
     write_section("distributed-mesh", body)
@@ -280,7 +279,7 @@ def main() -> None:
             f"Machine: {machine_line()}. Examples.gpt with {GPT}, AdamW, CPU backend with a "
             f"{format_bytes(LIMIT)} limit per rank (5% headroom), gloo on 127.0.0.1, one "
             "rank per process. Each cell: M* (the peak per rank at M*, and what the wrapper "
-            "holds between micro batches: DDP's bucket copy, FSDP's unsharded gradients).",
+            "holds between micro batches: DDP's bucket copy, FSDP's unsharded gradients). "
             f"One process (no wrapper): M* {single.max_micro_batch_size}, peak "
             f"{peak_at_max(single)}.",
             markdown_table(["configuration", *[f"W = {w}" for w in worlds]], rows),
@@ -290,7 +289,7 @@ def main() -> None:
             f"the peak at the measured M* predicted {format_bytes(predicted_peak)} against "
             f"{real_peak} measured "
             f"({peak_error:+.2%}). The fit stays within "
-            f"{estimate.fit.max_relative_error:.2%} of every peak it was fitted to.",
+            f"{estimate.fit.max_relative_error:.2%} of every peak it was fitted to. "
             f"Wall time of the whole run: {elapsed / 60:.1f} min.",
         ]
     )
