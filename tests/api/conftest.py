@@ -18,6 +18,7 @@ from api.config import ServiceSettings
 from api.db import Database
 from api.main import create_app
 from api.store.tokens import create_token
+from tests.api.worker_processes import Workers
 from tests.services import ServerThread, throwaway_postgres
 
 
@@ -115,3 +116,13 @@ def http(service: ServerThread, admin_token: str) -> Iterator[httpx.Client]:
         base_url=service.url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30
     ) as client:
         yield client
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    """``tuner worker`` processes a test starts, all killed when it ends."""
+    started = Workers(tmp_path)
+    try:
+        yield started
+    finally:
+        started.close()

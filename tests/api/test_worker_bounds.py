@@ -9,7 +9,6 @@ import contextlib
 import os
 import shutil
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,20 +16,11 @@ import pytest
 from api.db import Database
 from tests.api.conftest import make_token
 from tests.api.jobs_helpers import api_client, get_job, job_service, queue, wait_for
-from tests.api.test_jobs_worker import CPU_KEY, SQLITE_ONLY, Workers, alive, children_of
+from tests.api.worker_processes import CPU_KEY, SQLITE_ONLY, Workers, alive, children_of
 
 MiB = 2**20
 REPO = Path(__file__).resolve().parents[2]
 TINY_GPT2 = REPO / "tests" / "data" / "tiny_gpt2.json"
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Workers]:
-    started = Workers(tmp_path)
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 @SQLITE_ONLY
