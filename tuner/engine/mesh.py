@@ -11,8 +11,9 @@ same samples: a rank's samples are drawn by its data-parallel group
 Named plans:
 
 - ``llama``: a Llama-like decoder (a block with ``self_attn.{q,k,v,o}_proj`` and
-  ``mlp.{gate,up,down}_proj``, as in transformers' Llama, Mistral, Qwen2): q/k/v and
-  gate/up column-wise, o and down row-wise. With ``sequence_parallel`` the norms run on
+  ``mlp.{gate,up,down}_proj``, as in transformers' Llama, Mistral, Qwen2, StableLM): q/k/v
+  and gate/up column-wise, o and down row-wise, the attention's own head counts set to one
+  rank's share. With ``sequence_parallel`` the norms run on
   sequence shards as well (the embedding's output is sharded by sequence, the head gathers
   it back), torchtitan's layout.
 - ``auto``: the plan transformers ships with the model, ``config.base_model_tp_plan``
@@ -43,6 +44,11 @@ TensorParallelPlan = Callable[[nn.Module, Any], None]
 
 _ATTENTION_COLUMNS = ("q_proj", "k_proj", "v_proj")
 _MLP_COLUMNS = ("gate_proj", "up_proj")
+# An attention module's own counts of its heads. Llama's attention reshapes its projections
+# with -1 heads, but some (StableLM's) reshape to the heads they count; under the plan each
+# rank computes its share of the heads, so the counts become the rank's, as torchtitan's
+# Llama sets them.
+_HEAD_COUNTS = ("num_heads", "num_key_value_heads", "num_attention_heads")
 
 
 def build_mesh(parallel: Parallel, world_size: int, device: torch.device) -> Any:
@@ -119,6 +125,7 @@ def llama_plan(model: nn.Module, tp_mesh: Any, *, sequence_parallel: bool = Fals
     between = Shard(1) if sequence_parallel else Replicate()
     local = not sequence_parallel
     for block in blocks:
+        _localise_heads(block.get_submodule("self_attn"), size)
         plan: dict[str, Any] = {
             **{
                 f"self_attn.{n}": ColwiseParallel(input_layouts=between) for n in _ATTENTION_COLUMNS
@@ -134,6 +141,33 @@ def llama_plan(model: nn.Module, tp_mesh: Any, *, sequence_parallel: bool = Fals
         parallelize_module(block, tp_mesh, plan)
     if sequence_parallel:
         _shard_sequence_around_blocks(model, tp_mesh)
+
+
+def _localise_heads(attention: nn.Module, size: int) -> None:
+    """Set ``attention``'s head counts to one rank's share of the heads (of ``size``).
+
+    A module kept per head (StableLM's ``qk_layernorm``: one norm per head) would need its
+    own split: refused in one line, before anything is changed."""
+    counts = {
+        name: value
+        for name in _HEAD_COUNTS
+        if isinstance(value := getattr(attention, name, None), int)
+    }
+    for module_name, module in attention.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) in counts.values():
+            raise BadInputError(
+                f"tp_plan=llama: {type(attention).__name__}.{module_name} keeps a module per "
+                "head, which the plan does not split; give the workload its own tp_plan "
+                "and use tp_plan=workload, or build the model without it"
+            )
+    for name, value in counts.items():
+        if value % size:
+            raise WorkloadError(
+                f"tp_plan=llama at tp {size}: {type(attention).__name__}.{name} ({value}) "
+                f"does not split evenly over {size} ranks; use a tp that divides it"
+            )
+    for name, value in counts.items():
+        setattr(attention, name, value // size)
 
 
 def _shard_sequence_around_blocks(model: nn.Module, tp_mesh: Any) -> None:
