@@ -4,15 +4,18 @@ cannot run at all, one line says what it could not run."""
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.engine.test_dry_run import gru_workload
 from tuner.engine.backends import CpuBackend
-from tuner.engine.dry_run import DryRun
+from tuner.engine.dry_run import DryRun, dry_run_of_target
 from tuner.engine.probe import Prober
+from tuner.engine.workload import load_workload
 
 pytest.importorskip("transformers")
 
@@ -70,3 +73,35 @@ def test_a_dry_run_that_cannot_run_says_so_in_one_line(caplog: pytest.LogCapture
     assert lines[0].startswith("dry run of tiny-gru stopped at micro batch 2: ")
     assert "aten._local_scalar_dense" in lines[0]
     assert lines[0].endswith("the search goes on without predictions")
+
+
+VIT = {"model_type": "vit", "image_size": 16, "patch_size": 4, "hidden_size": 16,
+       "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}  # fmt: skip
+CONVNEXT = {"model_type": "convnext", "image_size": 16, "hidden_sizes": [8, 16],
+            "depths": [1, 1], "num_stages": 2, "drop_path_rate": 0.1}  # fmt: skip
+
+
+@pytest.mark.parametrize("config", [VIT, CONVNEXT], ids=["vit", "convnext"])
+def test_a_coordinator_builds_models_that_read_values_while_built(
+    config: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ranks' coordinator builds the model on fake tensors. ViT's initialiser samples
+    until ``mask.any()`` is false and ConvNeXt reads its drop-path rates with ``tolist()``:
+    both stopped its dry run, and their searches on two ranks took 6 and 7 probes. Built,
+    the prediction is one process's to the byte (the drop-path rates were real)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    options = {"config": str(path)}
+    with caplog.at_level(logging.WARNING, logger="tuner.engine.dry_run"):
+        coordinators = dry_run_of_target(
+            "tuner.hf:image_classification", options, capacity_bytes=2**40, headroom=0.05
+        )
+    assert caplog.records == []
+    loaded = load_workload("tuner.hf:image_classification", options)
+    with coordinators, DryRun(loaded, CpuBackend(2**40), headroom=0.05) as one_process:
+        for size in (1, 3):
+            predicted = coordinators(size)
+            assert predicted is not None, size
+            expected = one_process(size)
+            assert expected is not None
+            assert predicted.phase_peaks_bytes == expected.phase_peaks_bytes, size

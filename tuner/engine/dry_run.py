@@ -47,8 +47,9 @@ from torch._subclasses.fake_tensor import (
     unset_fake_temporarily,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map_only
 
+from tuner.core.errors import BadInputError
 from tuner.core.parallel import Parallel
 from tuner.core.results import DeviceInfo, ProbeResult, ProbeSettings
 from tuner.engine.backends import Backend, CpuBackend, PeakReading
@@ -73,6 +74,12 @@ _CONTIGUOUS_OUTPUTS: dict[Any, tuple[int, ...]] = {
 # (a fake world's tensor-parallel all-reduce: an activation-sized copy a block).
 _RETURN_THEIR_INPUT = frozenset({torch.ops._c10d_functional.wait_tensor.default})
 
+# While a coordinator builds the model on fake tensors (:class:`BuildValues`), host values
+# up to this size are computed for real: a model reads values it computes while it is built,
+# which a fake tensor has none of. Parameters larger than this stay fake; smaller ones cost
+# the coordinator a few KiB.
+_BUILD_VALUES_BYTES = 64 * 2**10
+
 
 class HostValues(TorchDispatchMode):
     """Makes the step on fake tensors take the real step's paths. Sits between the tracker
@@ -91,9 +98,9 @@ class HostValues(TorchDispatchMode):
     - Operators of ``_CONTIGUOUS_OUTPUTS`` return the layout the device's kernel does, and
       those of ``_RETURN_THEIR_INPUT`` their input, as their real kernels do."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = 0) -> None:
         super().__init__()
-        self.max_bytes = 0
+        self.max_bytes = max_bytes
 
     def __torch_dispatch__(
         self,
@@ -142,6 +149,35 @@ class HostValues(TorchDispatchMode):
         return all(t.device.type == "cpu" for t in leaves) and (
             sum(t.untyped_storage().nbytes() for t in leaves) <= self.max_bytes
         )
+
+
+class BuildValues(HostValues):
+    """:class:`HostValues` while a model is built on fake tensors: host values up to
+    ``max_bytes`` are computed for real (ConvNeXt's drop-path rates,
+    ``torch.linspace(...).tolist()``), and a value read from a fake tensor is read from
+    zeros. Only initialisers read fake values (torch's ``trunc_normal_`` samples until
+    ``mask.any()`` is false: ViT's position embeddings), and the values of a fake model's
+    weights are never used: a prediction needs their shapes."""
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        except DataDependentOutputException:
+            # The same operator on zeros of the same shapes: expanded from one element,
+            # so that no tensor's worth of memory is taken (``bool(mask.any())``).
+            with unset_fake_temporarily():
+                zeros = tree_map_only(
+                    torch.Tensor,
+                    lambda t: torch.zeros((), dtype=t.dtype).expand(t.shape),
+                    (args, kwargs or {}),
+                )
+                return func(*zeros[0], **zeros[1])
 
 
 def _on_host(tensor: torch.Tensor) -> bool:
@@ -243,6 +279,8 @@ class DryRun:
             self._prober = _DryProber(
                 replica, FakeBackend(backend, self._mode), headroom=headroom, settings=settings
             )
+        except BadInputError:
+            raise  # the settings cannot run at all (a plan refused): the probes' answer too
         except Exception as exc:  # any user code may refuse fake tensors: then no prediction
             log.warning(refusal(workload.name, exc))
         self._measure: Callable[[int], ProbeResult] | None = (
@@ -277,6 +315,8 @@ class DryRun:
         if self._prober is not None:
             try:
                 prediction = (self._measure or self._prober)(micro_batch_size)
+            except BadInputError:
+                raise  # the settings cannot run at all (a plan refused): the probes' answer too
             except Exception as exc:
                 log.warning(refusal(self._name, exc, micro_batch_size))
                 self.__exit__(None, None, None)
@@ -308,7 +348,7 @@ def dry_run_of_target(
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
-        with mode:
+        with mode, BuildValues(_BUILD_VALUES_BYTES):
             workload = load_workload(target, dict(options))
         if ranks is None:
             workload = dataclasses.replace(workload, parallel=Parallel(), shard=None)
