@@ -133,8 +133,9 @@ CORPUS: tuple[Architecture, ...] = (
     Architecture("deberta_v2", "encoder", "tuner.hf:sequence_classification", "6MiB", 32,
                  "deberta_v2", ("seq_len=32",), "16,32,64"),
     Architecture("swin", "vision", "tuner.hf:image_classification", "4MiB", 32, "swin"),
+    # transformers cannot checkpoint ConvNeXt: its factory declares no variants.
     Architecture("convnext", "vision", "tuner.hf:image_classification", "4MiB", 32,
-                 "convnext"),
+                 "convnext", variants=False),
 )  # fmt: skip
 
 

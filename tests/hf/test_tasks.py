@@ -80,6 +80,32 @@ def test_an_image_classifier_refuses_a_sequence_length_in_one_line() -> None:
         image_classification(config=VIT, seq_len=16)  # type: ignore[call-arg]
 
 
+CONVNEXT = {
+    "model_type": "convnext", "image_size": 16, "num_channels": 3, "hidden_sizes": [8, 16],
+    "depths": [1, 1], "patch_size": 4, "num_stages": 2,
+}  # fmt: skip
+
+
+def test_a_model_transformers_cannot_checkpoint_has_no_checkpointing_variant(
+    tmp_path: Path,
+) -> None:
+    """ConvNeXt: ``checkpointing=true`` is refused in one line (it was a 40-line
+    ``ValueError`` from transformers, and ``--explore`` raised it on its second variant)."""
+    assert image_classification(config=CONVNEXT).variants == {}
+    assert image_classification(config=VIT).variants == {"checkpointing": [False, True]}
+    with pytest.raises(WorkloadError, match="does not support activation checkpointing"):
+        image_classification(config=CONVNEXT, checkpointing=True)
+    config = tmp_path / "convnext.json"
+    config.write_text(json.dumps(CONVNEXT))
+    done = run_tuner(
+        "profile", "tuner.hf:image_classification", "-o", f"config={config}",
+        "--device", "cpu", "--memory-limit", "8MiB", "--explore",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "declares no variants to explore" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize(
     ("model_workload", "blocks"),
     [

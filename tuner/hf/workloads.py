@@ -125,7 +125,15 @@ def workload(
     if task != "image-classification":
         seq_len = 512 if seq_len is None else seq_len
         _check_length(seq_len, model_config)
+    # transformers checkpoints the blocks of most models, not all (ConvNeXt): such a model
+    # has no checkpointing variant to explore.
+    can_checkpoint = bool(getattr(model, "supports_gradient_checkpointing", False))
     if checkpointing:
+        if not can_checkpoint:
+            raise WorkloadError(
+                f"{type(model).__name__} does not support activation checkpointing in "
+                "transformers; leave out checkpointing=true"
+            )
         _enable_checkpointing(model)
         model_config.use_cache = False
     if lora:
@@ -149,7 +157,7 @@ def workload(
         precision=precision,  # type: ignore[arg-type]
         activation_checkpointing=checkpointing,
         shard=shard_blocks,
-        variants={"checkpointing": [False, True]},
+        variants={"checkpointing": [False, True]} if can_checkpoint else {},
     )
 
 
