@@ -161,10 +161,10 @@ def mesh_main(quick: bool) -> None:
         print(" | ".join(row), flush=True)
         rows.append(row)
     fakes = {shape: fake_profile(shape, limit) for shape in [*FAKE_SHAPES, HELD_OUT]}
-    beyond = [
-        [f"({dp}, {tp})", str(dp * tp), str(p.max_micro_batch_size), peak_at_max(p)]
+    beyond = "; ".join(
+        f"({dp}, {tp}) {dp * tp} ranks, M* {p.max_micro_batch_size} at {peak_at_max(p)}"
         for (dp, tp), p in fakes.items()
-    ]
+    )
     known = [p for shape, p in fakes.items() if shape != HELD_OUT]
     mesh = MeshShape.of(*HELD_OUT)
     estimate = estimate_world_size(known, mesh)
@@ -209,8 +209,7 @@ def mesh_main(quick: bool) -> None:
                 ],
                 rows,
             ),
-            "Fake-world shapes, the last beyond any machine here (512 ranks):",
-            markdown_table(["(dp, tp)", "ranks", "M*", "peak at M*"], beyond),
+            f"Fake-world shapes (dp, tp), 512 ranks beyond any machine here: {beyond}. "
             f"{line}. Wall time: {elapsed / 60:.1f} min.",
         ]
     )
