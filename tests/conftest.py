@@ -39,3 +39,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``database_url`` is a SQLite file, and also a PostgreSQL database for tests marked
+    ``both_stores`` (what depends on the store: migrations, concurrency, locking, types,
+    the store's queries). A test that parametrizes it itself keeps its own values."""
+    if "database_url" not in metafunc.fixturenames:
+        return
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0]
+        if "database_url" in (names.split(",") if isinstance(names, str) else names):
+            return
+    kinds = (
+        ["sqlite", "postgres"]
+        if metafunc.definition.get_closest_marker("both_stores")
+        else ["sqlite"]
+    )
+    metafunc.parametrize("database_url", kinds, indirect=True)

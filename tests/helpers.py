@@ -10,6 +10,14 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def scaled(seconds: float) -> float:
+    """A wall-clock bound for a test, stretched by how busy the machine is: ``seconds`` on a
+    quiet machine, times the load per core beyond one (a suite run beside another CPU-heavy
+    process must not fail on a bound a quiet run meets), and twice that under ``CI=true``."""
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return seconds * max(1.0, load) * (2.0 if os.environ.get("CI") == "true" else 1.0)
+
+
 def subprocess_env() -> dict[str, str]:
     """The environment of a child process that imports the repo's packages and tests."""
     env = dict(os.environ)

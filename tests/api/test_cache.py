@@ -24,6 +24,9 @@ from api.store.tokens import authenticate, list_tokens, revoke_token
 from tests.api.conftest import make_token
 from tests.api.documents import sample_profile
 
+# The store is the subject: SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_stores
+
 QUESTION = {"workload": "w" * 24, "device": "d" * 24, "global_batch_size": 64}
 
 

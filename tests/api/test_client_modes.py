@@ -28,6 +28,9 @@ from tuner.core.wire.jobs import JobPublic
 from tuner.core.wire.recommendation import RecommendationPublic
 from tuner.core.wire.workers import WorkerCreate
 
+# The store is the subject: SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_stores
+
 MODES = ["http", "embedded"]
 
 

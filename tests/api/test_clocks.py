@@ -8,10 +8,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.api.builders import recommendation, upload
 from tests.api.documents import sample_profile
 from tuner.core.parallel import Parallel
+
+# The store is the subject: SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_stores
 
 HOUR = timedelta(hours=1)
 DDP = Parallel(mode="ddp")

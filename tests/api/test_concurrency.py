@@ -20,6 +20,9 @@ from tests.api.builders import at, upload
 from tests.api.documents import sample_profile
 from tests.services import tuner_serve
 
+# The store is the subject: SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_stores
+
 WRITERS = 8
 PROFILES_EACH = 500
 READERS = 2

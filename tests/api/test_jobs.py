@@ -33,6 +33,9 @@ from tests.api.jobs_helpers import (
     register,
 )
 
+# The store is the subject: SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_stores
+
 Connect = Callable[..., httpx.Client]
 
 

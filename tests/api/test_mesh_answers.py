@@ -21,7 +21,7 @@ from sqlalchemy import inspect
 from api import migrate
 from api.db import create_db_engine
 from tests.api.builders import error_of
-from tests.api.test_migration_parallel import _rows_before_0004, _select
+from tests.api.migration_rows import query, rows_before_0004
 from tests.core.test_mesh_worlds import FITTED, HELD_OUT, MESH, load
 from tests.services import ServerThread
 from tuner.client import TunerClient
@@ -180,14 +180,15 @@ def _schema(url: str) -> tuple[set[str], set[str]]:
     return columns, indexes
 
 
+@pytest.mark.both_stores  # a revision's rows: the store is the subject
 def test_migration_0013_adds_tp_and_goes_back(database_url: str) -> None:
     """Rows stored before are of no mesh (tp 1); going back drops the column and restores
     the index by world size alone; the profiles and probes stay."""
     migrate.upgrade(database_url, "0003")
-    _rows_before_0004(database_url)
+    rows_before_0004(database_url)
     migrate.upgrade(database_url, "0012")
     migrate.upgrade(database_url, "0013")
-    assert _select(database_url, "SELECT id, tp FROM profiles ORDER BY id") == [(1, 1)]
+    assert query(database_url, "SELECT id, tp FROM profiles ORDER BY id") == [(1, 1)]
     columns, indexes = _schema(database_url)
     assert "tp" in columns
     assert "ix_profiles_workload_device_world_tp_received" in indexes
@@ -197,6 +198,6 @@ def test_migration_0013_adds_tp_and_goes_back(database_url: str) -> None:
     columns, indexes = _schema(database_url)
     assert "tp" not in columns
     assert "ix_profiles_workload_device_world_received" in indexes
-    assert _select(database_url, "SELECT COUNT(*) FROM probes") == [(1,)]
+    assert query(database_url, "SELECT COUNT(*) FROM probes") == [(1,)]
     migrate.upgrade(database_url)
     assert migrate.current_revision(database_url) == migrate.head_revision()

@@ -19,6 +19,9 @@ from tests.services import ServerThread
 from tuner.core.parallel import Parallel
 from tuner.core.results import Profile
 
+# The store is the subject: SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_stores
+
 ALICE_WORKLOAD, MALLORY_WORKLOAD = "a" * 24, "m" * 24
 ALICE_DEVICE, MALLORY_DEVICE = "e" * 24, "f" * 24
 

@@ -14,6 +14,9 @@ from tests.api.conftest import make_token
 from tests.api.documents import MiB
 from tests.services import ServerThread
 
+# The store is the subject: SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_stores
+
 SPEEDS = {1: 10.0, 4: 60.0, 8: 110.0, 10: 96.0, 12: 100.0}
 
 

@@ -1,6 +1,6 @@
 """A stored profile's answer is a probe that ran: ``M*`` fit and ``M* + 1`` did not (or is
 past the cap). Anything else is refused with a 422 at ``max_micro_batch_size`` and stores
-nothing, over real HTTP on SQLite and PostgreSQL."""
+nothing."""
 
 from __future__ import annotations
 

@@ -10,6 +10,9 @@ from api.db import Database
 from api.store.profiles import add_profile, to_result
 from tests.api.documents import sample_profile
 
+# The store is the subject: SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_stores
+
 
 def test_profile_round_trips_exactly(database: Database) -> None:
     profile = sample_profile()

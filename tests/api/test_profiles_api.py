@@ -36,6 +36,7 @@ def _stored(body: dict[str, Any]) -> dict[str, Any]:
 # Create and read back
 
 
+@pytest.mark.both_stores
 def test_a_profile_is_stored_whole_and_read_back_with_its_probes(http: httpx.Client) -> None:
     profile = sample_profile()
     created = upload(http, profile)
@@ -60,6 +61,7 @@ def test_the_engine_json_output_is_accepted_as_printed(http: httpx.Client) -> No
     assert response.status_code == 201, response.text
 
 
+@pytest.mark.both_stores
 def test_the_same_profile_sent_twice_is_stored_once(http: httpx.Client) -> None:
     profile = sample_profile()
     first = upload(http, profile)
@@ -69,6 +71,7 @@ def test_the_same_profile_sent_twice_is_stored_once(http: httpx.Client) -> None:
     assert http.get("/api/v1/profiles").json()["count"] == 1
 
 
+@pytest.mark.both_stores
 def test_a_different_profile_at_the_same_time_is_a_conflict(http: httpx.Client) -> None:
     profile = sample_profile()
     upload(http, profile)
@@ -160,6 +163,7 @@ def _newest_first(rows: list[dict[str, Any]]) -> list[int]:
     return [r["id"] for r in sorted(rows, key=lambda r: r["id"], reverse=True)]
 
 
+@pytest.mark.both_stores
 def test_filters_by_workload_device_and_time(
     http: httpx.Client, history: list[dict[str, Any]]
 ) -> None:
@@ -183,6 +187,7 @@ def test_filters_by_workload_device_and_time(
     assert _ids(http, workload="nothing-by-this-name") == []
 
 
+@pytest.mark.both_stores
 def test_pages_cover_everything_once_in_order(
     http: httpx.Client, history: list[dict[str, Any]]
 ) -> None:
@@ -446,6 +451,7 @@ def _ddp_profile_at_two_ranks() -> Profile:
     )
 
 
+@pytest.mark.both_stores
 def test_a_profile_measured_on_several_ranks_is_stored_with_its_ranks(
     http: httpx.Client,
 ) -> None:

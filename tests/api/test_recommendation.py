@@ -1,4 +1,4 @@
-"""GET /api/v1/recommendation over real HTTP on SQLite and PostgreSQL: each policy, the
+"""GET /api/v1/recommendation in the service (in process): each policy, the
 newest profile counting, estimates for a device never profiled, OOM reports lowering the
 answer until a newer profile, and every bad request refused with what is allowed."""
 

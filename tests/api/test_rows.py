@@ -18,6 +18,9 @@ from api.store.tokens import create_token, revoke_token
 from tests.api.documents import sample_profile
 from tuner.core.errors import NotFoundError
 
+# The store is the subject: SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_stores
+
 
 def _in_default(get: Callable[..., Any]) -> Callable[[Session, int], Any]:
     return partial(get, project_id=1)

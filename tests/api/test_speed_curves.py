@@ -5,11 +5,12 @@ curve, refused in one line when it describes no measurement, and migration 0017 
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from api import migrate
 from tests.api.builders import error_of, recommendation, upload
 from tests.api.documents import sample_profile
-from tests.api.test_migration_parallel import _rows_before_0004, _select
+from tests.api.migration_rows import query, rows_before_0004
 from tuner.answer.local import answer_from
 from tuner.core.results import Profile
 from tuner.core.speeds import SpeedCurve, TimedSize
@@ -80,15 +81,16 @@ def test_a_curve_that_describes_no_measurement_is_refused_and_nothing_stored(
     assert http.get("/api/v1/profiles").json()["count"] == 0
 
 
+@pytest.mark.both_stores  # a revision's rows: the store is the subject
 def test_migration_0017_adds_an_empty_curve_and_going_back_keeps_every_profile(
     database_url: str,
 ) -> None:
     migrate.upgrade(database_url, "0003")
-    _rows_before_0004(database_url)
+    rows_before_0004(database_url)
     migrate.upgrade(database_url, "0016")
     migrate.upgrade(database_url, "0017")
-    assert _select(database_url, "SELECT id, speeds FROM profiles") == [(1, None)]
+    assert query(database_url, "SELECT id, speeds FROM profiles") == [(1, None)]
     migrate.downgrade(database_url, "0016")
-    assert _select(database_url, "SELECT COUNT(*) FROM profiles") == [(1,)]
-    assert _select(database_url, "SELECT COUNT(*) FROM probes") == [(1,)]
+    assert query(database_url, "SELECT COUNT(*) FROM profiles") == [(1,)]
+    assert query(database_url, "SELECT COUNT(*) FROM probes") == [(1,)]
     migrate.upgrade(database_url)

@@ -1,5 +1,5 @@
 """Numbers in request bodies are JSON numbers and flags are JSON booleans: ``true`` is not
-1 and ``"8 "`` is not 8, on every write, over real HTTP on SQLite and PostgreSQL.
+1 and ``"8 "`` is not 8, on every write, through the service.
 
 Each valid body is sent again with one number or flag replaced by a look-alike; every
 such body is a 422 at that field, and none of them stores anything.

@@ -17,6 +17,9 @@ from tests.api.documents import sample_profile
 from tests.timeline_profiles import measured_profile
 from tuner.core.timeline import MAX_TIMELINE_POINTS, MemoryTimeline
 
+# The store is the subject: SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_stores
+
 
 def answer_probe(body: dict[str, Any]) -> dict[str, Any]:
     found = body["max_micro_batch_size"]

@@ -10,16 +10,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 
 from api import migrate
 from api.db import create_db_engine
 from tests.api.documents import sample_profile
-from tests.api.test_migration_parallel import (
-    _as_json,
-    _profile_with_a_probe,
-    _rows_before_0004,
-    _select,
-)
+from tests.api.migration_rows import as_json, profile_with_a_probe, query, rows_before_0004
 from tests.helpers import REPO_ROOT, subprocess_env, tuner_executable
 from tests.services import ServerThread
 from tuner.core.results import Profile
@@ -152,7 +148,7 @@ def add_a_variant_row(database_url: str) -> None:
     """Profile 2, a bf16 variant of exploration ``GROUP``, with its probe, as SQL rows."""
     engine = create_db_engine(database_url)
     with engine.begin() as connection:
-        _profile_with_a_probe(
+        profile_with_a_probe(
             connection,
             2,
             created_at=datetime(2026, 11, 2, tzinfo=UTC),
@@ -162,25 +158,26 @@ def add_a_variant_row(database_url: str) -> None:
     engine.dispose()
 
 
+@pytest.mark.both_stores  # a revision's rows: the store is the subject
 def test_revision_0005_adds_the_link_and_going_back_keeps_the_profiles(
     database_url: str,
 ) -> None:
     migrate.upgrade(database_url, "0003")
-    _rows_before_0004(database_url)
+    rows_before_0004(database_url)
     migrate.upgrade(database_url, "0005")
-    [(variant, group)] = _select(database_url, "SELECT variant, variant_group FROM profiles")
-    assert _as_json(variant) == {}
+    [(variant, group)] = query(database_url, "SELECT variant, variant_group FROM profiles")
+    assert as_json(variant) == {}
     assert group is None
 
     add_a_variant_row(database_url)
-    found = _select(database_url, f"SELECT id FROM profiles WHERE variant_group = '{GROUP}'")
+    found = query(database_url, f"SELECT id FROM profiles WHERE variant_group = '{GROUP}'")
     assert found == [(2,)]
 
     migrate.downgrade(database_url, "0004")
     assert migrate.current_revision(database_url) == "0004"
-    assert _select(database_url, "SELECT id FROM profiles ORDER BY id") == [(1,), (2,)]
+    assert query(database_url, "SELECT id FROM profiles ORDER BY id") == [(1,), (2,)]
     migrate.upgrade(database_url)
-    assert _select(database_url, "SELECT id, variant_group FROM profiles ORDER BY id") == [
+    assert query(database_url, "SELECT id, variant_group FROM profiles ORDER BY id") == [
         (1, None),
         (2, None),
     ]

@@ -1,6 +1,6 @@
 """A worker is bound to the token that registered it: another worker's token can neither
 heartbeat it, claim for it, nor heartbeat, finish or fail the jobs it holds (403, and
-nothing changes), over real HTTP on SQLite and PostgreSQL. An admin may act for any."""
+nothing changes), over real HTTP. An admin may act for any."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The calculator's pages stay small whatever the batch asked: the answer's split is shown
-and carried as runs, never as every micro batch. Real service on SQLite and PostgreSQL.
+and carried as runs, never as every micro batch. Real service.
 
 At M* = 1 and a global batch of 2**20, a page that listed the split was 6.3 MB of HTML.
 """

@@ -4,6 +4,7 @@ and each row's status says the same, on random histories (SQLite and PostgreSQL)
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
@@ -16,6 +17,9 @@ from tests.api.documents import sample_profile
 from tests.dashboard.data import store
 from tuner.answer import current
 from tuner.core.parallel import Parallel
+
+# The store is the subject: SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_stores
 
 PAIRS = [("a" * 24, "d" * 24), ("a" * 24, "e" * 24), ("b" * 24, "d" * 24)]
 

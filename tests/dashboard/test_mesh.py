@@ -1,5 +1,5 @@
 """The dashboard shows the mesh (dp × tp) wherever it tells runs apart, in the browser, on
-the real service over SQLite and PostgreSQL, from the real profiles of
+the real service, from the real profiles of
 ``tests/data/mesh`` (``examples.mesh_mlp`` at six shapes, simulated ranks): the profile
 list's badges, the profile page's simulated-ranks note, the landing calculator asking at
 the newest profile's mesh, the workload page's series per tp, and a newer 4 × 1 run that

@@ -16,6 +16,7 @@ from api.db import Database
 from tests.api.documents import MiB, sample_probe, sample_profile
 from tests.dashboard.conftest import Tab, signed_in
 from tests.dashboard.data import T0, store
+from tests.helpers import scaled
 from tuner.core import worlds
 from tuner.core.parallel import Parallel
 from tuner.core.results import MemoryBreakdown, Profile
@@ -162,4 +163,4 @@ def test_a_large_world_is_estimated_only_where_the_chart_draws(
     estimated = [v for v in chart["series"]["ddp-estimated"] if v is not None]
     assert 1 <= len(estimated) <= 11
     print(f"workload page with W = 2 and 512 measured: {seconds * 1000:.0f} ms")
-    assert seconds < 2.0  # 3.9-6.5 s before; generous for a shared CI machine
+    assert seconds < scaled(2.0)  # 3.9-6.5 s before (on a quiet machine)

@@ -18,6 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.api.documents import sample_profile
+from tests.helpers import scaled
 from tuner.core.errors import BadInputError
 from tuner.core.option_files import FilePolicy
 from tuner.core.plan import recommend
@@ -292,13 +293,14 @@ def test_a_run_ends_at_its_timeout_or_when_cancelled() -> None:
         "sys.stderr.write('waiting\\n'); time.sleep(60)",
     ]
     started = time.monotonic()
-    timed_out = run_profile(sleeper, timeout=1.0, cancelled=lambda: False)
+    # Long enough for the child to start and print on a busy machine; it then sleeps on.
+    timed_out = run_profile(sleeper, timeout=scaled(3.0), cancelled=lambda: False)
     assert timed_out == Run(None, "started\n", "waiting", cancelled=False)
     asked = threading.Event()
     threading.Timer(0.5, asked.set).start()
     cancelled = run_profile(sleeper, timeout=60, cancelled=asked.is_set)
     assert cancelled.returncode is None
     assert cancelled.cancelled
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < scaled(3.0) + scaled(10)
     finished = run_profile([sys.executable, "-c", "exit(3)"], timeout=60, cancelled=lambda: False)
     assert finished == Run(3, "", "")
