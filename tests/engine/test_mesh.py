@@ -265,15 +265,17 @@ def test_the_guard_stays_until_a_probe_has_run_its_steps_whole() -> None:
 
 
 def _fake_world_profile(tp: int, world_size: int = 16) -> Profile:
+    """A small limit and cap: every size the search asks the dry run about costs a step on
+    fake tensors, and the cap bounds how many it asks (M* 96 at tp 2, 116 at tp 4)."""
     workload = load_workload(MLP, MLP_OPTIONS)
     workload.parallel = _mesh(tp)
     return profile_fake_world(
         workload,
-        make_backend("cpu", memory_limit_bytes=8 * MiB),
+        make_backend("cpu", memory_limit_bytes=int(0.6 * MiB)),
         world_size=world_size,
         headroom=0.05,
         strategy="model",
-        size_cap=4096,
+        size_cap=128,
     )
 
 
@@ -305,8 +307,8 @@ def test_a_fake_world_profile_is_measured_marked_and_keyed_like_a_real_one() -> 
 def test_the_command_line_says_a_fake_worlds_numerics_are_not_trained() -> None:
     done = run_tuner(
         "profile", MLP, *(f"-o{k}={v}" for k, v in MLP_OPTIONS.items()),
-        "--world-size", "512", "--tp", "8", "--fake-world",
-        "--memory-limit", "16MiB", "--device", "cpu", "--global-batch-size", "4096",
+        "--world-size", "512", "--tp", "8", "--fake-world", "--max", "256",
+        "--memory-limit", "2MiB", "--device", "cpu", "--global-batch-size", "4096",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     out = " ".join(done.stdout.split())
@@ -322,7 +324,7 @@ def test_the_command_line_says_a_fake_worlds_numerics_are_not_trained() -> None:
     # The sentence names the groups, as `tuner recommend` does, not 64 ranks.
     assert "× 64 data-parallel groups of 8 ranks = global batch 4096" in out
     as_json = run_tuner(
-        "profile", MLP, "--world-size", "8", "--tp", "2", "--fake-world",
+        "profile", MLP, "--world-size", "8", "--tp", "2", "--fake-world", "--max", "64",
         "--memory-limit", "16MiB", "--device", "cpu", "--json",
     )  # fmt: skip
     assert as_json.returncode == 0, as_json.stderr
