@@ -1,8 +1,9 @@
 """The last answer to each recommendation question, kept on disk for when the service is
 out of reach. Torch-free.
 
-One small JSON file per question, named by the SHA-256 of the question (service URL,
-workload, device, global batch, world size, policy), so processes that ask different
+One small JSON file per question, named by the SHA-256 of the whole question (service URL,
+workload, device, global batch, world size, mesh, parallel mode, policy, length, and the
+project it is asked in), so processes that ask different
 questions never touch the same file. A file is written whole to a temporary name and
 moved into place with ``os.replace``: a reader sees the old answer or the new one, never
 half of one, even with many ranks writing at once.
@@ -56,11 +57,16 @@ class Question:
     seq_len: int | None = None  # tokens per sequence; None: the workload's own shape
     tokens_per_micro_batch: int | None = None  # packed sequences' token budget
     tp: int | None = None  # tensor-parallel ranks of a 2-D mesh; None (or 1): no mesh
+    # The project it is asked in (TUNER_PROJECT; None: the token's own or the default):
+    # part of the key, so that another project's answer is never served from the cache.
+    project: str | None = None
 
     def params(self) -> dict[str, Any]:
-        """The question as the service's query parameters."""
+        """The question as the service's query parameters (the project travels apart, as
+        the request's project header or the embedded store's project)."""
         document = self._fields()
         del document["service"]
+        document.pop("project", None)
         return document
 
     def document(self) -> dict[str, Any]:
@@ -70,7 +76,7 @@ class Question:
     def _fields(self) -> dict[str, Any]:
         # Left out when not given, so a question asked as before keeps its query and file.
         document = asdict(self)
-        for optional in ("parallel", "seq_len", "tokens_per_micro_batch", "tp"):
+        for optional in ("parallel", "seq_len", "tokens_per_micro_batch", "tp", "project"):
             if document[optional] is None:
                 del document[optional]
         if document.get("tp") == 1:  # the default, as the service's key leaves it out

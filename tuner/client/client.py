@@ -24,6 +24,7 @@ answer it got to the same question (kept on disk) or the caller's fallback, with
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 import warnings
@@ -43,7 +44,7 @@ from tuner.core.errors import BadInputError, ServiceUnavailableError, TunerError
 from tuner.core.reports import ProfileReport
 from tuner.core.results import Profile
 from tuner.core.shape import MeshShape
-from tuner.core.wire.common import API_PREFIX
+from tuner.core.wire.common import API_PREFIX, PROJECT_ENV
 from tuner.core.wire.jobs import JobPublic
 from tuner.core.wire.oom_reports import OomReportPublic
 from tuner.core.wire.profiles import ProfilePublic, ProfilesPublic
@@ -252,6 +253,8 @@ class TunerClient:
             seq_len,
             tokens_per_micro_batch,
             tp if tp != 1 else None,
+            # The project the store acts in, as the transport and the embedded store read it.
+            os.environ.get(PROJECT_ENV) or None,
         )
         # Checked now, not when first needed: a wrong fallback must not wait for an outage.
         backup = None if fallback is None else _fallback_answer(fallback, question)
