@@ -6,9 +6,14 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
+from tests.api.documents import sample_profile
+from tuner.client import TunerClient
 from tuner.client.answer_cache import AnswerCache, Question
+from tuner.core.errors import NotFoundError
 from tuner.core.plan import recommend
-from tuner.core.wire.recommendation import RecommendationPublic
+from tuner.core.wire.recommendation import RecommendationPublic, RecommendationQuery
 
 
 def test_the_project_is_part_of_the_key_but_not_of_the_query(tmp_path: Path) -> None:
@@ -45,3 +50,23 @@ def test_the_project_is_part_of_the_key_but_not_of_the_query(tmp_path: Path) -> 
     kept = cache.load(other)
     assert kept is not None
     assert kept.answer.equal == answer.equal
+
+
+def test_ask_takes_the_wire_question_and_keys_the_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, cache = f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "cache"
+    query = RecommendationQuery(
+        workload="gpt-test", device="cpu-test", global_batch_size=256, world_size=2
+    )
+    with TunerClient(url, cache_dir=cache) as client:
+        client.upload_profile(sample_profile(max_micro_batch_size=15))
+        asked = client.ask(query)
+        said = client.recommend(
+            workload="gpt-test", device="cpu-test", global_batch_size=256, world_size=2
+        )
+    assert asked.model_dump(exclude={"profile_age_s"}) == said.model_dump(exclude={"profile_age_s"})
+    assert len(list(cache.glob("*.json"))) == 1  # one question, one key
+    monkeypatch.setenv("TUNER_PROJECT", "team-b")
+    with TunerClient(url, cache_dir=cache) as other, pytest.raises(NotFoundError):
+        other.ask(query)  # asked in team-b, which has no profile of it

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from tuner.core.shape import MeshShape
 from tuner.core.urls import redact
-from tuner.core.wire.recommendation import RecommendationPublic
+from tuner.core.wire.recommendation import RecommendationPublic, RecommendationQuery
 
 FORMAT_VERSION = 1
 # An answer file is about 2 KiB; the rest is slack for long names and many probed speeds.
@@ -60,6 +60,23 @@ class Question:
     # The project it is asked in (TUNER_PROJECT; None: the token's own or the default):
     # part of the key, so that another project's answer is never served from the cache.
     project: str | None = None
+
+    @classmethod
+    def of(cls, query: RecommendationQuery, *, service: str, project: str | None) -> Question:
+        """The wire question ``query``, asked of ``service`` in ``project``: its cache key."""
+        return cls(
+            service,
+            query.workload,
+            query.device,
+            query.global_batch_size,
+            query.world_size,
+            query.policy,
+            query.parallel,
+            query.seq_len,
+            query.tokens_per_micro_batch,
+            query.tp if query.tp != 1 else None,
+            project,
+        )
 
     def params(self) -> dict[str, Any]:
         """The question as the service's query parameters (the project travels apart, as
