@@ -167,3 +167,14 @@ def test_an_answer_kept_by_an_earlier_version_gets_its_equal_split() -> None:
     again = Recommendation.model_validate(old)
     assert (again.equal.micro_batch_size, again.equal.grad_accum) == (10, 10)
     assert again.headline == answer.headline
+
+
+def test_the_nearest_good_batch_below_may_take_fewer_micro_batches() -> None:
+    # 2**20 − 3 is prime; 2**20 − 4 = 76 × 13,797 runs one micro batch fewer than the batch.
+    answer = recommend(max_micro_batch_size=76, probes=(), global_batch_size=2**20 - 3)
+    assert [
+        (n.global_batch_size, n.micro_batch_size, n.grad_accum) for n in answer.equal.nearby
+    ] == [
+        (2**20 - 4, 76, 13_797),
+        (76 * 13_798, 76, 13_798),
+    ]

@@ -796,11 +796,17 @@ class SplitSpeeds:
     def nearby(self, per_rank: int, m_star: int, mesh: MeshShape) -> list[NearbyBatch]:
         """The nearest global batch below and above ``per_rank × dp`` whose equal split
         trains within 10% of its balanced one: each ``k·⌊b/k⌋`` or ``k·⌈b/k⌉`` for ``k``
-        from the fewest micro batches ``⌈b / M*⌉`` up (bounded)."""
-        fewest = math.ceil(per_rank / min(m_star, per_rank))
+        from the fewest micro batches ``⌈b / M*⌉`` up, ``k·M*`` for ``k`` below it, and every
+        batch within 64 of ``b`` (bounded)."""
+        largest = min(m_star, per_rank)
+        fewest = math.ceil(per_rank / largest)
         candidates: set[int] = set()
         for k in range(fewest, min(per_rank, fewest + _NEARBY_COUNTS) + 1):
             candidates.update((k * (per_rank // k), k * -(-per_rank // k)))
+        # Fewer micro batches of M* each, below the batch: k·M* for k < ⌈b / M*⌉.
+        candidates.update(k * largest for k in range(max(1, fewest - _NEARBY_COUNTS), fewest))
+        # And every batch close by.
+        candidates.update(range(max(1, per_rank - _NEARBY_COUNTS), per_rank + _NEARBY_COUNTS + 1))
         candidates.discard(per_rank)
         candidates.discard(0)
         found: dict[str, NearbyBatch] = {}
