@@ -29,6 +29,7 @@ its gain with 95% confidence (:func:`fastest_split`).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, NoReturn, TypeGuard, get_args
 
@@ -48,8 +49,8 @@ Basis = Literal["measured", "estimated"]
 # than this fraction slower than the split recommended carries a warning naming the
 # nearest global batches that split well.
 EQUAL_SLOWER_WARNING = 0.10
-# Without speeds to compare by, an equal split of at least this many times the recommended
-# number of micro batches carries the warning (micro batch 1 is never taken in silence).
+# Without measured speeds to compare by, an equal split of at least this many times the
+# recommended number of micro batches carries the warning; micro batch 1 always does.
 EQUAL_MORE_STEPS_WARNING = 2
 # A split is chosen for speed only when the paired rounds put its gain above zero with this
 # one-sided confidence (Student's t over the rounds' paired gains), and by at least
@@ -749,15 +750,20 @@ class SplitSpeeds:
         speed, basis = self.of([equal])
         reference, _ = self.of(chosen)
         slower = 1 - speed / reference if speed is not None and reference else None
+        # Where both were timed, by the paired rounds (their median): each size's fastest
+        # round may have met another load.
+        paired = paired_gains(self.curve, [equal], chosen) if self.curve is not None else []
+        if len(paired) >= 2:
+            slower = 1 - 1 / (1 + statistics.median(paired))
         chosen_count = sum(count for _, count in chosen)
         many = equal.times >= EQUAL_MORE_STEPS_WARNING * chosen_count
         # An extrapolated speed may miss what many small micro batches cost: with twice as
-        # many, the split is said whatever the estimate.
+        # many, the split is said whatever the estimate; and micro batch 1 always is.
         warn = (
             many
             if slower is None
             else slower > EQUAL_SLOWER_WARNING or (many and basis == "estimated")
-        )
+        ) or equal.size == 1
         found = EqualSplit(
             micro_batch_size=equal.size,
             grad_accum=equal.times,
@@ -769,9 +775,15 @@ class SplitSpeeds:
             return found
         nearby = self.nearby(sum(s * c for s, c in chosen), m_star, mesh)
         runs = format_runs(chosen)
+        rates = (
+            f"{_rate(speed)} against {_rate(reference)} samples/s at their fastest rounds, "
+            f"the median of {len(paired)} paired rounds {slower:.0%} slower"
+            if len(paired) >= 2 and slower is not None
+            else f"{_rate(speed)} against {_rate(reference)} samples/s"
+            + (", estimated" if basis == "estimated" else "")
+        )
         how = (
-            f"about {slower:.0%} slower than {runs} ({_rate(speed)} against "
-            f"{_rate(reference)} samples/s{', estimated' if basis == 'estimated' else ''})"
+            f"about {slower:.0%} slower than {runs} ({rates})"
             if slower is not None
             else f"{equal.times} micro batches where {runs} runs {chosen_count} (speeds not "
             "measured)"
