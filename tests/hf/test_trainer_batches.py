@@ -88,5 +88,7 @@ def test_every_optimizer_step_sees_the_exact_global_batch(
     assert hf.largest == answer.equal.micro_batch_size <= answer.max_micro_batch_size
     said = [str(w.message) for w in caught if issubclass(w.category, EqualMicroBatchWarning)]
     assert said == ([answer.equal.warning] if answer.equal.warning else [])
-    if batch == 251:
-        assert (answer.equal.micro_batch_size, len(said)) == (1, 1)
+    if batch == 251:  # prime: micro batch 1, never in silence
+        assert answer.equal.micro_batch_size == 1
+        if not answer.is_equal:  # (unless the timed answer is micro batch 1 itself)
+            assert len(said) == 1

@@ -92,8 +92,9 @@ def test_every_optimizer_step_sees_the_exact_global_batch(
     assert said == ([answer.equal.warning] if answer.equal.warning else [])
     if batch == 251:  # prime: micro batch 1, never in silence
         assert module.batch_size == 1
-        assert len(said) == 1
-        assert "splits well" in said[0]
+        if not answer.is_equal:  # (unless the timed answer is micro batch 1 itself)
+            assert len(said) == 1
+            assert "splits well" in said[0]
 
 
 def test_one_call_without_a_server_keeps_the_profile_in_the_local_database(
