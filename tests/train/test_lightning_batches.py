@@ -5,6 +5,7 @@ probes (``trainer.sanity_checking``)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from collections.abc import Iterator
@@ -117,3 +118,43 @@ def test_one_call_without_a_server_keeps_the_profile_in_the_local_database(
     # module could tell them from training; the stage was put back.
     assert module.probed > 0
     assert not fit.sanity_checking
+
+
+class StepsToFile(PerStep):
+    """Each rank's samples per optimizer step, written to a file of its own (the ranks of
+    ``ddp_spawn`` are other processes)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__()
+        self.directory = directory
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        data = {"steps": self.steps, "largest": self.largest, "batch_size": pl_module.batch_size}
+        (self.directory / f"rank{trainer.global_rank}.json").write_text(json.dumps(data))
+
+
+@pytest.mark.slow
+def test_two_ranks_each_see_their_share_of_the_exact_global_batch(tmp_path: Path) -> None:
+    """Two gloo ranks (``ddp_spawn``): rank 0 profiles, both run the same equal split, and
+    each optimizer step sees 127 samples on each rank, 254 in all."""
+    out = tmp_path / "ranks"
+    out.mkdir()
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"  # a URL crosses ddp_spawn's pickling
+    tuner = TunerCallback(global_batch_size=254, device="cpu", memory_limit=LIMIT, client=url)
+    fit = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[tuner, StepsToFile(out)],
+    )
+    fit.fit(Counted())
+    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0] == ranks[1]
+    assert ranks[0]["steps"] == [127, 127]
+    assert ranks[0]["largest"] == ranks[0]["batch_size"] == 1  # 127 is prime
