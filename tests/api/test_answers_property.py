@@ -6,7 +6,8 @@ and by name, good and bad). Each question is asked of ``GET /api/v1/recommendati
 real server, the client's embedded store over the same database, the dashboard's
 calculator (the landing page as a browser receives it) and, for one question a store,
 ``tuner recommend --json``; they must say the same, field by field (but for the answer's
-age), refusals included. Where the answer is measured from one profile with nothing
+age), refusals included; what the framework integrations set is the answer's equal
+split. Where the answer is measured from one profile with nothing
 capping it, the plan made offline from that profile alone (``tuner.answer.local``, what
 ``plan_training`` trains with when the service is away) must say the same too. On SQLite
 and PostgreSQL.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,6 +47,7 @@ from tuner.core.plan import POLICIES, Recommendation
 from tuner.core.results import Profile
 from tuner.core.shape import MeshShape
 from tuner.core.speeds import SpeedCurve, TimedSize
+from tuner.train.integrations import EqualMicroBatchWarning, lightning_arguments
 
 DEVICES = [
     ("dev-a".ljust(24, "a"), "cpu-a", 200 * MiB),
@@ -205,6 +208,23 @@ def test_every_surface_gives_the_same_answer(
                 assert cli.status != 0
                 assert cli.message, asked
         answer = route.answer
+        if answer is not None:
+            # The frameworks run the answer's own equal split, and what they are told holds.
+            plan = Recommendation.model_validate(
+                {k: v for k, v in answer.items() if k in PLAN_FIELDS}
+            )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", EqualMicroBatchWarning)
+                settings_for = lightning_arguments(plan, world_size=plan.world_size)
+            equal = answer["equal"]
+            assert settings_for == {
+                "batch_size": equal["micro_batch_size"],
+                "accumulate_grad_batches": equal["grad_accum"],
+            }
+            assert (
+                equal["micro_batch_size"] * equal["grad_accum"] * plan.mesh.dp
+                == answer["global_batch_size"]
+            )
         if (
             answer is not None
             and answer["basis"] == "measured"

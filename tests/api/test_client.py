@@ -55,7 +55,8 @@ def test_upload_then_get_list_and_recommend(client: TunerClient) -> None:
         workload="gpt-test", device="cpu-test", global_batch_size=40, policy="max"
     )
     assert (answer.micro_batch_size, answer.flat_split()) == (12, [12, 12, 12, 4])
-    assert answer.describe().startswith("micro batch 12, 4 accumulation steps: 3×12 + 4")
+    assert answer.describe() == "3×12 + 4 = 40 samples a step = global batch 40"
+    assert (answer.equal.micro_batch_size, answer.equal.grad_accum) == (10, 4)
 
     report = client.report_oom(
         workload="gpt-test", device="cpu-test", micro_batch_size=12, message="OOM"

@@ -73,7 +73,7 @@ def test_the_estimate_fits_and_one_more_would_not(
 
 def test_an_estimated_recommendation_is_marked_and_has_no_speed() -> None:
     plan = recommend_estimated(
-        FIT, capacity_bytes=800 * MiB, headroom=0.05, global_batch_size=128, policy="even"
+        FIT, capacity_bytes=800 * MiB, headroom=0.05, global_batch_size=128, policy="max"
     )
     assert (plan.basis, plan.max_micro_batch_size, plan.flat_split()) == ("estimated", 66, [66, 62])
     assert plan.expected_peak_bytes == 760 * MiB

@@ -23,6 +23,7 @@ from tuner.core.plan import (
 )
 from tuner.core.results import ProbeResult
 from tuner.core.shape import MeshShape
+from tuner.core.speeds import SpeedCurve, TimedSize
 
 
 def probe(
@@ -120,31 +121,42 @@ def test_unmeasured_chosen_size_has_no_expected_numbers() -> None:
     assert plan.basis == "estimated"
 
 
-def test_even_policy_takes_a_divisor_within_five_percent_of_max_throughput() -> None:
+def test_even_policy_takes_the_largest_divisor_that_fits() -> None:
     probes = [probe(30, speed=100.0), probe(25, speed=96.0), probe(20, speed=99.0)]
     plan = recommend(max_micro_batch_size=30, probes=probes, global_batch_size=100, policy="even")
-    # 25 is the largest divisor of 100 below 30, and 96 >= 0.95 × 100.
+    # 25 is the largest divisor of 100 below 30: the fewest equal micro batches.
     assert plan.flat_split() == [25, 25, 25, 25]
     assert plan.micro_batch_size * plan.grad_accum == 100
+    assert plan.equal.micro_batch_size == 25
 
 
-def test_even_policy_skips_divisors_that_are_too_slow_or_unmeasured() -> None:
-    probes = [probe(30, speed=100.0), probe(25, speed=94.0), probe(10, speed=95.0)]
+@pytest.mark.parametrize(
+    "probes",
+    [
+        [probe(30, speed=100.0), probe(25, speed=94.0), probe(10, speed=95.0)],
+        [probe(30, speed=100.0), probe(25, speed=50.0), probe(1, speed=1.0)],
+        [],
+    ],
+)
+def test_even_policy_is_always_equal_whatever_the_probes_speeds(probes) -> None:
+    # A single probe's speed is no comparison of splits: only paired timed rounds are.
     plan = recommend(max_micro_batch_size=30, probes=probes, global_batch_size=100, policy="even")
-    # 25 is 6% slower, 20 was never measured: 10 is the largest acceptable divisor.
-    assert plan.micro_batch_size == 10
+    assert plan.flat_split() == [25] * 4
+
+
+def test_even_policy_takes_a_smaller_divisor_only_when_the_paired_rounds_show_it() -> None:
+    timed = SpeedCurve(
+        sizes=[
+            TimedSize(micro_batch_size=10, seconds_per_sample=[0.0050, 0.0052, 0.0051]),
+            TimedSize(micro_batch_size=25, seconds_per_sample=[0.0080, 0.0083, 0.0081]),
+        ],
+        optimizer_seconds=0.0,
+    )
+    plan = recommend(
+        max_micro_batch_size=30, probes=[], global_batch_size=100, policy="even", speeds=timed
+    )
     assert plan.flat_split() == [10] * 10
-
-
-def test_even_policy_keeps_max_when_no_divisor_is_fast_enough() -> None:
-    probes = [probe(30, speed=100.0), probe(25, speed=50.0), probe(1, speed=1.0)]
-    plan = recommend(max_micro_batch_size=30, probes=probes, global_batch_size=100, policy="even")
-    assert plan.flat_split() == [30, 30, 30, 10]
-
-
-def test_even_policy_without_measured_throughput_keeps_max() -> None:
-    plan = recommend(max_micro_batch_size=30, probes=[], global_batch_size=100, policy="even")
-    assert plan.micro_batch_size == 30
+    assert "with 95% confidence" in plan.reason
 
 
 def test_even_policy_uses_max_when_it_already_divides() -> None:
@@ -195,15 +207,8 @@ def test_describe_names_ranks_and_the_uneven_split() -> None:
     plan = recommend(
         max_micro_batch_size=31, probes=[], global_batch_size=400, mesh=MeshShape(4), policy="max"
     )
-    text = plan.describe()
-    for part in (
-        "micro batch 31",
-        "4 accumulation steps",
-        "4 ranks",
-        "global batch 400",
-        "3×31 + 7",
-    ):
-        assert part in text, (part, text)
+    # Sizes that differ: the runs and what they hold, never 31 × 4 × 4 (496).
+    assert plan.describe() == "3×31 + 7 = 100 samples a step × 4 ranks = global batch 400"
 
 
 def test_quickstart_balanced_default_gives_four_micro_batches_of_64() -> None:
@@ -237,8 +242,8 @@ def test_balanced_split_of_an_awkward_batch() -> None:
         ("balanced", [], 256, ["fewest micro batches", "M* = 31", "29, not of 31"]),
         ("balanced", [], 248, ["8 equal micro batches of 31"]),
         ("max", [], 256, ["largest", "M* = 31", "remainder 8"]),
-        ("even", [], 256, ["no divisor of 256", "measured throughput"]),
-        ("even", [probe(31, speed=100.0), probe(16, speed=99.0)], 256, ["16 divides 256"]),
+        ("even", [], 256, ["16 micro batches of 16", "the fewest equal micro batches"]),
+        ("even", [], 62, ["2 micro batches of 31", "largest divisor of 62 up to 31"]),
         ("throughput", [probe(8, speed=50.0), probe(31, speed=40.0)], 256, ["8 ran fastest"]),
         ("throughput", [], 256, ["no throughput was measured"]),
         ("max", [], 20, ["whole batch of 20 fits in one micro batch"]),

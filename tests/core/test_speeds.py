@@ -66,16 +66,42 @@ def test_a_split_faster_by_more_than_the_spread_is_the_answer_and_says_so() -> N
     answer = recommend(max_micro_batch_size=65, probes=(), global_batch_size=256, speeds=timed)
     assert answer.split == [(16, 16)]
     assert answer.reason.startswith("balanced, timed: 16 micro batches of 16 train ")
-    assert "more than the spread of the timed rounds (2%)" in answer.reason
+    assert "over 2 paired timed rounds" in answer.reason
+    assert "with 95% confidence" in answer.reason
     assert answer.expected_samples_per_second == pytest.approx(256 / (256 * 0.0056 + 0.01))
     assert answer.expected_speed_spread == pytest.approx(1 - 0.0056 / 0.0057)
 
 
-def test_a_gain_within_the_spread_keeps_the_fewest_and_says_why() -> None:
-    timed = curve({16: [0.0060, 0.0080], 32: [0.0066, 0.0067], 64: [0.0068, 0.0069]})
+def test_a_gain_the_paired_rounds_do_not_show_keeps_the_fewest_and_says_why() -> None:
+    # 16 and 32 ran faster than 64 in the first round and slower in the second.
+    timed = curve({16: [0.0060, 0.0080], 32: [0.0066, 0.0071], 64: [0.0068, 0.0069]})
     answer = recommend(max_micro_batch_size=65, probes=(), global_batch_size=256, speeds=timed)
     assert answer.split == [(64, 4)]
-    assert "within the spread of the timed rounds (25%)" in answer.reason
+    assert "do not show with 95% confidence" in answer.reason
+
+
+def test_a_loaded_machine_never_picks_a_split_by_its_noise() -> None:
+    # The busy machine: the best rounds put 9 far ahead (29.4 against 9.6 to 15.8
+    # samples/s) but each size met the load in another round, so the pairs disagree.
+    timed = curve(
+        {
+            4: [1 / 9.6, 1 / 3.1, 1 / 5.0],
+            9: [1 / 29.4, 1 / 3.5, 1 / 4.2],
+            18: [1 / 14.6, 1 / 6.0, 1 / 14.0],
+            36: [1 / 4.1, 1 / 15.8, 1 / 12.0],
+            37: [1 / 3.3, 1 / 12.8, 1 / 12.5],
+        }
+    )
+    answer = recommend(max_micro_batch_size=37, probes=(), global_batch_size=256, speeds=timed)
+    assert answer.grad_accum == 7  # the fewest that fit: 4×37 + 3×36
+    assert "do not show with 95% confidence" in answer.reason
+
+
+def test_one_timed_round_states_no_confidence() -> None:
+    timed = curve({16: [0.004], 64: [0.006]})
+    answer = recommend(max_micro_batch_size=65, probes=(), global_batch_size=256, speeds=timed)
+    assert answer.split == [(64, 4)]
+    assert "one timed round states no confidence" in answer.reason
 
 
 def test_the_fewest_when_it_is_also_the_fastest() -> None:

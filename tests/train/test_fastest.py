@@ -1,6 +1,6 @@
 """time_splits: the fewest equal micro batches timed against more, smaller ones, on a real
-LightningModule; a smaller split is chosen only when it is faster by more than the
-spread of the timed rounds, and the global batch stays exact."""
+LightningModule; a smaller split is chosen only when the paired timed rounds show it
+faster with 95% confidence, and the global batch stays exact."""
 
 from __future__ import annotations
 
@@ -32,13 +32,13 @@ def test_candidates_divide_the_batch_and_halve_from_the_fewest_steps(
 @pytest.mark.parametrize(
     ("smaller", "chosen", "says"),
     [
-        ((0.0080, 0.0081, 0.0082), 16, "more than the spread of the timed rounds (2%)"),
-        ((0.0097, 0.0099, 0.0102), 32, "3% faster, within the spread of the timed rounds (5%)"),
+        ((0.0080, 0.0081, 0.0082), 16, "over 3 paired timed rounds, at least 24% with 95%"),
+        ((0.0097, 0.0099, 0.0102), 32, "2% faster, which 3 paired timed rounds (gains +0% to"),
         ((0.0110, 0.0111, 0.0112), 32, "the fewest that divide the batch, also the fastest"),
     ],
     ids=["beyond-spread", "within-spread", "fewest-fastest"],
 )
-def test_a_smaller_split_wins_only_beyond_the_spread(
+def test_a_smaller_split_wins_only_when_the_paired_rounds_show_it(
     smaller: tuple[float, ...], chosen: int, says: str
 ) -> None:
     speeds = SpeedCurve(

@@ -1,4 +1,6 @@
-"""Recommendations applied to the Hugging Face Trainer and Lightning, when installed."""
+"""Recommendations applied to the Hugging Face Trainer and Lightning: the answer's own
+equal split (``recommendation.equal``), never one the integration decides, and its
+warning when that split is much slower."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ from tuner.train.integrations import (
     equal_settings,
     huggingface_arguments,
     lightning_arguments,
-    samples_per_second,
 )
 
 
@@ -54,12 +55,11 @@ def test_largest_equal_micro_batch_divides_the_batch(per_rank, found, micro) -> 
         largest_equal_micro_batch(per_rank, 0)
 
 
-def test_uneven_recommendations_become_equal_and_keep_the_global_batch() -> None:
+def test_uneven_recommendations_run_the_answers_equal_split() -> None:
     recommendation = _recommendation(found=31, batch=400, world=4, policy="max")
     assert recommendation.split == [(31, 3), (7, 1)]
-    micro, steps = equal_settings(recommendation)
-    assert (micro, steps) == (25, 4)
-    assert micro * steps * 4 == 400
+    assert equal_settings(recommendation) == (25, 4)
+    assert (recommendation.equal.micro_batch_size, recommendation.equal.grad_accum) == (25, 4)
     assert lightning_arguments(recommendation, world_size=4) == {
         "batch_size": 25,
         "accumulate_grad_batches": 4,
@@ -80,22 +80,6 @@ def test_hugging_face_training_arguments(tmp_path) -> None:
         apply_to_training_arguments(arguments, _recommendation(found=12, batch=48, world=2))
 
 
-def test_lightning_trainer_takes_the_accumulation_steps() -> None:
-    lightning = pytest.importorskip("lightning")
-    settings = lightning_arguments(_recommendation(found=12, batch=64), world_size=1)
-    trainer = lightning.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accumulate_grad_batches=settings["accumulate_grad_batches"],
-    )
-    assert trainer.accumulate_grad_batches == 8
-    assert settings["batch_size"] == 8
-
-
 def test_lightning_and_hugging_face_refuse_a_plan_for_another_world_size() -> None:
     two_ranks = _recommendation(found=12, batch=48, world=2)
     with pytest.raises(BadInputError, match=r"for 2 ranks .* on 1: ask again with world_size=1"):
@@ -106,28 +90,23 @@ def test_lightning_and_hugging_face_refuse_a_plan_for_another_world_size() -> No
 
 
 @pytest.mark.parametrize(
-    ("policy", "speeds", "expected"),
+    ("policy", "expected"),
     [
-        # Split already equal: every policy keeps it as it is.
-        ("balanced", {}, (25, 4)),
-        ("even", {25: 100.0, 31: 101.0}, (25, 4)),
-        # max: 3×31 + 7 becomes the largest divisor of 100 that fits.
-        ("max", {}, (25, 4)),
-        # throughput chose 8 (the fastest probe): equal sizes by the same measure, 20 × 5 is
-        # faster than 25 × 4 here.
-        ("throughput", {8: 900.0, 20: 1000.0, 25: 400.0, 31: 500.0}, (20, 5)),
+        ("balanced", (25, 4)),
+        ("even", (25, 4)),
+        ("max", (25, 4)),  # 3×31 + 7: the fewest equal micro batches instead
+        ("throughput", (20, 5)),  # the fastest probe, 20, divides 100: equal already
     ],
 )
-def test_equal_settings_follow_the_recommendations_policy(
-    policy: str, speeds: dict[int, float], expected: tuple[int, int]
-) -> None:
+def test_the_equal_split_is_the_answers_own(policy: str, expected: tuple[int, int]) -> None:
+    speeds = {8: 900.0, 20: 1000.0, 25: 400.0, 31: 500.0}
     recommendation = _recommendation(found=31, batch=100, policy=policy, speeds=speeds)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", EqualMicroBatchWarning)
         assert equal_settings(recommendation) == expected
 
 
-def test_equal_micro_batches_that_cost_throughput_warn_with_the_nearest_good_batches() -> None:
+def test_a_much_slower_equal_split_warns_once_with_the_nearest_good_batches() -> None:
     # 37 is prime: equal micro batches are 37 of 1 where balanced runs 4 of 9 or 10.
     recommendation = _recommendation(found=10, batch=37, speeds=SPEEDS)
     assert recommendation.split == [(10, 1), (9, 3)]
@@ -136,11 +115,14 @@ def test_equal_micro_batches_that_cost_throughput_warn_with_the_nearest_good_bat
             "batch_size": 1,
             "accumulate_grad_batches": 37,
         }
+    assert len(caught) == 1
     message = str(caught[0].message)
-    assert "37 micro batches of 1" in message
-    # 36 = 4 × 9 and 40 = 4 × 10 run equal micro batches at the balanced speed.
-    assert "global batch 36 or 40 would not" in message
+    assert "micro batch 1 × 37 accumulation steps" in message
     assert "slower than 10 + 3×9" in message
+    # 36 = 4 × 9 and 40 = 4 × 10 run equal micro batches at the balanced speed.
+    assert "global batch 36 splits well: micro batch 9 × 4" in message
+    assert "global batch 40 splits well: micro batch 10 × 4" in message
+    assert [n.global_batch_size for n in recommendation.equal.nearby] == [36, 40]
 
 
 def test_the_nearest_good_batches_on_a_mesh_count_data_parallel_groups() -> None:
@@ -150,11 +132,14 @@ def test_the_nearest_good_batches_on_a_mesh_count_data_parallel_groups() -> None
     assert recommendation.per_rank_batch_size == 13
     with pytest.warns(EqualMicroBatchWarning) as caught:
         lightning_arguments(recommendation, world_size=4)
-    assert "global batch 24 or 28 would not" in str(caught[0].message)
+    message = str(caught[0].message)
+    assert "global batch 24 splits well" in message
+    assert "global batch 28 splits well" in message
 
 
 def test_equal_micro_batches_at_full_speed_do_not_warn() -> None:
     recommendation = _recommendation(found=10, batch=40, world=2, speeds=SPEEDS)
+    assert recommendation.equal.warning is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert huggingface_arguments(recommendation, world_size=2) == {
@@ -163,10 +148,8 @@ def test_equal_micro_batches_at_full_speed_do_not_warn() -> None:
         }
 
 
-def test_speed_of_a_split_reads_unprobed_sizes_off_the_measured_line() -> None:
-    # t(m) = 10 ms + 1 ms·m through the two measured sizes: 5 samples take 15 ms.
-    assert samples_per_second([(5, 1)], SPEEDS) == pytest.approx(5 / 0.015)
-    assert samples_per_second([(10, 1), (1, 1)], SPEEDS) == pytest.approx(11 / 0.031)
-    assert samples_per_second([(10, 3)], SPEEDS) == samples_per_second([(10, 1)], SPEEDS)
-    assert samples_per_second([(20, 1)], SPEEDS) == pytest.approx(20 / 0.030)  # beyond: extended
-    assert samples_per_second([(4, 1)], {2: 100.0}) == pytest.approx(100.0)  # one point: same
+def test_without_speeds_micro_batch_one_is_never_taken_in_silence() -> None:
+    recommendation = _recommendation(found=76, batch=251)
+    assert recommendation.equal.slower_by is None
+    with pytest.warns(EqualMicroBatchWarning, match="251 micro batches where 3×63 \\+ 62 runs 4"):
+        assert lightning_arguments(recommendation, world_size=1)["batch_size"] == 1

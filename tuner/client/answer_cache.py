@@ -1,8 +1,9 @@
 """The last answer to each recommendation question, kept on disk for when the service is
 out of reach. Torch-free.
 
-One small JSON file per question, named by the SHA-256 of the question (service URL,
-workload, device, global batch, world size, policy), so processes that ask different
+One small JSON file per question, named by the SHA-256 of the whole question (service URL,
+workload, device, global batch, world size, mesh, parallel mode, policy, length, and the
+project it is asked in), so processes that ask different
 questions never touch the same file. A file is written whole to a temporary name and
 moved into place with ``os.replace``: a reader sees the old answer or the new one, never
 half of one, even with many ranks writing at once.
@@ -29,7 +30,7 @@ from pydantic import ValidationError
 
 from tuner.core.shape import MeshShape
 from tuner.core.urls import redact
-from tuner.core.wire.recommendation import RecommendationPublic
+from tuner.core.wire.recommendation import RecommendationPublic, RecommendationQuery
 
 FORMAT_VERSION = 1
 # An answer file is about 2 KiB; the rest is slack for long names and many probed speeds.
@@ -56,11 +57,33 @@ class Question:
     seq_len: int | None = None  # tokens per sequence; None: the workload's own shape
     tokens_per_micro_batch: int | None = None  # packed sequences' token budget
     tp: int | None = None  # tensor-parallel ranks of a 2-D mesh; None (or 1): no mesh
+    # The project it is asked in (TUNER_PROJECT; None: the token's own or the default):
+    # part of the key, so that another project's answer is never served from the cache.
+    project: str | None = None
+
+    @classmethod
+    def of(cls, query: RecommendationQuery, *, service: str, project: str | None) -> Question:
+        """The wire question ``query``, asked of ``service`` in ``project``: its cache key."""
+        return cls(
+            service,
+            query.workload,
+            query.device,
+            query.global_batch_size,
+            query.world_size,
+            query.policy,
+            query.parallel,
+            query.seq_len,
+            query.tokens_per_micro_batch,
+            query.tp if query.tp != 1 else None,
+            project,
+        )
 
     def params(self) -> dict[str, Any]:
-        """The question as the service's query parameters."""
+        """The question as the service's query parameters (the project travels apart, as
+        the request's project header or the embedded store's project)."""
         document = self._fields()
         del document["service"]
+        document.pop("project", None)
         return document
 
     def document(self) -> dict[str, Any]:
@@ -70,7 +93,7 @@ class Question:
     def _fields(self) -> dict[str, Any]:
         # Left out when not given, so a question asked as before keeps its query and file.
         document = asdict(self)
-        for optional in ("parallel", "seq_len", "tokens_per_micro_batch", "tp"):
+        for optional in ("parallel", "seq_len", "tokens_per_micro_batch", "tp", "project"):
             if document[optional] is None:
                 del document[optional]
         if document.get("tp") == 1:  # the default, as the service's key leaves it out

@@ -24,6 +24,7 @@ answer it got to the same question (kept on disk) or the caller's fallback, with
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 import warnings
@@ -43,11 +44,12 @@ from tuner.core.errors import BadInputError, ServiceUnavailableError, TunerError
 from tuner.core.reports import ProfileReport
 from tuner.core.results import Profile
 from tuner.core.shape import MeshShape
-from tuner.core.wire.common import API_PREFIX
+from tuner.core.wire.common import API_PREFIX, PROJECT_ENV
 from tuner.core.wire.jobs import JobPublic
 from tuner.core.wire.oom_reports import OomReportPublic
 from tuner.core.wire.profiles import ProfilePublic, ProfilesPublic
 from tuner.core.wire.recommendation import RecommendationPublic as RecommendationPublic
+from tuner.core.wire.recommendation import RecommendationQuery
 
 FINISHED = ("succeeded", "failed")
 
@@ -134,6 +136,9 @@ class TunerClient:
             backoff=backoff,
         )
         self.url = self._store.url
+        # The project the store acts in, read as the transport and the embedded store read
+        # it when opened: part of every question's cache key.
+        self._project = os.environ.get(PROJECT_ENV) or None
         directory = cache_dir if cache_dir is not None else settings.cache_dir
         self._cache = AnswerCache(Path(directory) if directory else default_cache_dir())
         self._warned: set[object] = set()
@@ -252,7 +257,26 @@ class TunerClient:
             seq_len,
             tokens_per_micro_batch,
             tp if tp != 1 else None,
+            self._project,
         )
+        return self._answer(question, fallback)
+
+    @overload
+    def ask(self, query: RecommendationQuery, *, fallback: None = None) -> RecommendationPublic: ...
+
+    @overload
+    def ask(self, query: RecommendationQuery, *, fallback: Fallback) -> plan.Recommendation: ...
+
+    def ask(
+        self, query: RecommendationQuery, *, fallback: Fallback | None = None
+    ) -> plan.Recommendation:
+        """:meth:`recommend` for the wire question itself (``RecommendationQuery``: workload,
+        device, global batch, mesh, parallel mode, policy, length), the one object every
+        surface builds; its offline cache key is the whole question and the project it is
+        asked in (``TUNER_PROJECT``)."""
+        return self._answer(Question.of(query, service=self.url, project=self._project), fallback)
+
+    def _answer(self, question: Question, fallback: Fallback | None) -> plan.Recommendation:
         # Checked now, not when first needed: a wrong fallback must not wait for an outage.
         backup = None if fallback is None else _fallback_answer(fallback, question)
         try:
@@ -267,6 +291,7 @@ class TunerClient:
                 f"cannot keep answers for offline use in {self._cache.directory} ({exc}): "
                 "set TUNER_CACHE_DIR (or cache_dir=) to a writable directory",
                 TunerClientWarning,
+                stacklevel=3,
             )
         return answer
 
@@ -284,7 +309,7 @@ class TunerClient:
                 f"{cached.saved_at.isoformat(timespec='seconds')} from the offline cache for "
                 f"{question.describe()}: micro batch {cached.answer.micro_batch_size}",
                 TunerOfflineWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
             age = max(0.0, (datetime.now(UTC) - cached.answer.profile_created_at).total_seconds())
             return CachedRecommendation(
@@ -298,7 +323,7 @@ class TunerClient:
                 f"{error.message}; no answer for {question.describe()} is cached, so the "
                 f"fallback is used: micro batch {backup.micro_batch_size}",
                 TunerOfflineWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
             return backup.model_copy(update={"offline_reason": error.message})
         raise ServiceUnavailableError(

@@ -18,8 +18,10 @@ curve never extrapolates). How far apart a size's rounds lie is its spread,
 
     spread(m) = 1 − fastest round / slowest round      (a fraction of the fastest speed)
 
-and a plan's spread is the largest of the sizes it leans on: a plan is called faster than
-another only by more than the spread of the two (:mod:`tuner.core.plan`).
+and a plan's spread is the largest of the sizes it leans on. The rounds are interleaved
+(round ``r`` of every size ran one after another), so one plan is called faster than
+another only by the paired rounds: the gain ``T_r(one) / T_r(other) − 1`` of each round
+``r``, above zero with 95% confidence (:func:`tuner.core.plan.fastest_split`).
 
 Torch-free: the service answers other batch sizes from a stored curve.
 """

@@ -7,7 +7,7 @@ global batch. Each candidate divides the per-rank batch (the frameworks run equa
 batches only) and is at most ``M*``. Their micro batches are timed as training runs them,
 in interleaved rounds (:meth:`tuner.engine.probe.Prober.time_sizes`, the speed curve of
 :mod:`tuner.core.speeds`), and a candidate replaces the fewest-steps plan only when the
-curve has it faster by more than the spread of the two
+paired rounds have it faster with 95% confidence, by at least 2% and in every round
 (:func:`tuner.core.plan.fastest_split`, which the service's answer uses too). Each round's
 speed of a candidate is that of a whole step over the per-rank batch ``b``:
 

@@ -3,11 +3,10 @@
 ::
 
     from transformers import Trainer
-    from tuner.client import TunerClient
     from tuner.train.huggingface import tune_trainer
 
     trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
-    tune_trainer(trainer, global_batch_size=256, client=TunerClient())
+    tune_trainer(trainer, global_batch_size=256)  # TUNER_URL, else a local database
     trainer.train()
 
 ``tune_trainer`` profiles the Trainer's own step: its model, the optimizer its arguments
@@ -17,10 +16,14 @@ precision (``bf16``, ``fp16``) and activation checkpointing, on the worst-case b
 its own train dataset through its own data collator (the longest sample, see
 :mod:`tuner.train.own_training`; sampling by length, the dataset's length column names
 it exactly). Then it sets ``per_device_train_batch_size`` and
-``gradient_accumulation_steps`` so that
+``gradient_accumulation_steps`` to the answer's equal split (the Trainer runs micro
+batches of one size), so that
 
     per_device_train_batch_size × gradient_accumulation_steps × data-parallel ranks
         = global_batch_size
+
+exactly; where that split trains much slower than the recommended one (a global batch
+without a good divisor), one warning names the nearest global batches that split well.
 
 The profile is stored in the service (or database) the client names and shared like any
 other. The model's weights, gradients, train/eval flags and checkpointing, and the RNG,
@@ -79,7 +82,7 @@ def tune_trainer(
 
     ``device`` defaults to the Trainer's (``cpu`` needs ``memory_limit``: bytes, or text
     such as ``"2GiB"``); ``client`` (a ``TunerClient`` or its URL) to one from
-    ``TUNER_URL``; ``lengths``
+    ``TUNER_URL``, else the local database ``tuner serve`` uses by default; ``lengths``
     (one per sample) finds the longest sample exactly, else ``scan`` samples are read.
     ``time_splits`` times the fewest micro batches against more, smaller ones and keeps the
     fastest when it wins by more than the timing's spread (:mod:`tuner.train.fastest`).

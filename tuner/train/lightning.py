@@ -3,10 +3,9 @@
 ::
 
     from lightning.pytorch import Trainer
-    from tuner.client import TunerClient
     from tuner.train.lightning import TunerCallback
 
-    tuner = TunerCallback(global_batch_size=256, client=TunerClient())
+    tuner = TunerCallback(global_batch_size=256)  # TUNER_URL, else a local database
     Trainer(callbacks=[tuner]).fit(module, datamodule=data)
 
 Before fit, the callback profiles the module's own ``training_step`` and
@@ -14,15 +13,24 @@ Before fit, the callback profiles the module's own ``training_step`` and
 sample the dataset holds, through the dataloader's collate function: see
 :mod:`tuner.train.own_training`), in the Trainer's precision, then sets ``batch_size``
 where Lightning's ``BatchSizeFinder`` sets it (the module, its ``hparams``, the
-datamodule) and ``trainer.accumulate_grad_batches``, so that
+datamodule) and ``trainer.accumulate_grad_batches`` to the answer's equal split
+(Lightning runs micro batches of one size), so that
 
     batch_size × accumulate_grad_batches × data-parallel ranks = global_batch_size
+
+exactly; where that split trains much slower than the recommended one (a global batch
+without a good divisor, such as a prime), one warning names the nearest global batches
+that split well.
 
 The profile is stored in the service (or database) the client names and shared like any
 other: the next fit with the same model, optimizer, precision and worst case asks and
 probes nothing. The module's weights, gradients, train/eval flags and the RNG are as they
 were; the optimizer the Trainer built is never touched (probes step one of their own from
-``configure_optimizers``).
+``configure_optimizers``), and the Trainer's stage is put back. What probing cannot undo is
+what ``training_step`` itself keeps (a counter of the samples it saw): the probes call it,
+with ``self.trainer.sanity_checking`` True, as Lightning's own sanity check does, so a
+step that counts can skip them (``if not self.trainer.sanity_checking``); one line says so
+when tuning starts.
 
 Under a multi-process strategy rank 0 profiles one process's step and every rank gets its
 plan; the collectives' own buffers (DDP's gradient buckets) are not in that profile, so
@@ -39,6 +47,8 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import GradientAccumulationScheduler
+from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
 from torch import nn
 
@@ -82,8 +92,9 @@ class TunerCallback(pl.Callback):
         memory_limit: the memory the step must fit in, in bytes or as text (``"2GiB"``):
             needed on CPU, a smaller GPU emulated on CUDA.
         client: a :class:`tuner.client.TunerClient`, or its URL (``http(s)://…``,
-            ``sqlite:///…``), or by default ``TUNER_URL``. Under ``ddp_spawn``, which
-            pickles callbacks into each rank, give the URL.
+            ``sqlite:///…``), or by default ``TUNER_URL``, and without it the local
+            database ``tuner serve`` uses by default (said in one line). Under
+            ``ddp_spawn``, which pickles callbacks into each rank, give the URL.
         lengths: one length per sample of the train dataset (``dataset["length"]``): the
             worst case is then the longest of them all, not of a scan.
         scan: how many samples a scan reads when no lengths are given.
@@ -133,18 +144,24 @@ class TunerCallback(pl.Callback):
         self._check(trainer, pl_module)
         device = check_device(self.device, pl_module.device)
         workload, worst_case = self._workload(trainer, pl_module)
-        tuned = plan_own_training(
-            workload,
-            worst_case,
-            global_batch_size=self.global_batch_size,
-            data_parallel_size=data_parallel_size(trainer),
-            device=device,
-            memory_limit=self.memory_limit,
-            client=self.client,
-            headroom=self.headroom,
-            policy=self.policy,
-            time_splits=self.time_splits,
+        rank_zero_info(
+            "TunerCallback: probing may run training_step on copies of the longest sample "
+            "(trainer.sanity_checking is True meanwhile); the module, optimizer and RNG are "
+            "put back, counters your training_step keeps are not"
         )
+        with _probing(trainer):
+            tuned = plan_own_training(
+                workload,
+                worst_case,
+                global_batch_size=self.global_batch_size,
+                data_parallel_size=data_parallel_size(trainer),
+                device=device,
+                memory_limit=self.memory_limit,
+                client=self.client,
+                headroom=self.headroom,
+                policy=self.policy,
+                time_splits=self.time_splits,
+            )
         lightning_setattr(pl_module, self.batch_size_attr, tuned.micro_batch_size)
         trainer.accumulate_grad_batches = tuned.accumulation_steps
         # A dataloader built before (configure_optimizers may ask for the stepping batches)
@@ -247,6 +264,20 @@ def _one_optimizer(configured: object) -> torch.optim.Optimizer:
             f"returned {type(configured).__name__} ({configured!r:.80})"
         )
     return found
+
+
+@contextmanager
+def _probing(trainer: pl.Trainer) -> Iterator[None]:
+    """The Trainer in its sanity-checking stage while probes run the module's step, so that
+    a ``training_step`` that counts what it sees can skip probes as it skips Lightning's own
+    sanity check (``if not self.trainer.sanity_checking: ...``); its stage put back after."""
+    state = trainer.state
+    stage = state.stage
+    state.stage = RunningStage.SANITY_CHECKING
+    try:
+        yield
+    finally:
+        state.stage = stage
 
 
 @contextmanager

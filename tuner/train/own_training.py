@@ -19,6 +19,7 @@ import copy
 import itertools
 import logging
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -236,11 +237,16 @@ class Tuned:
         rec = self.recommendation
         ranks = self.data_parallel_size
         why = f"; {self.timing_reason}" if self.timing_reason else ""
+        uneven = (
+            f"; where micro batches may differ: {plans.format_runs(rec.split)}"
+            if not rec.is_equal
+            else ""
+        )
         return (
             f"micro batch {self.micro_batch_size} × {self.accumulation_steps} accumulation "
             f"step{'s' if self.accumulation_steps != 1 else ''} × {ranks} "
             f"rank{'s' if ranks != 1 else ''} = {rec.global_batch_size} "
-            f"(largest that fits: {rec.max_micro_batch_size}, {rec.basis}{why})"
+            f"(largest that fits: {rec.max_micro_batch_size}, {rec.basis}{uneven}{why})"
         )
 
 
@@ -258,20 +264,31 @@ def plan_own_training(
     time_splits: bool = False,
 ) -> Tuned:
     """Profile ``workload`` (or use the stored profile), plan ``global_batch_size`` over
-    ``data_parallel_size`` ranks, and turn the plan into equal micro batches, as the
-    frameworks run them. ``client``: a ``TunerClient``, a URL (``http(s)://…`` or
-    ``sqlite:///…``), or ``None`` for ``TUNER_URL``. With ``time_splits`` (one process
-    only), the fewest micro batches are timed against more, smaller ones and the fastest
-    kept when it wins by more than the timing's spread (:mod:`tuner.train.fastest`)."""
+    ``data_parallel_size`` ranks, and take the answer's equal split, which the frameworks
+    run (``recommendation.equal``; its warning, when it is much slower than the
+    recommended split, is said once, by the process that plans). ``client``: a
+    ``TunerClient``, a URL (``http(s)://…`` or ``sqlite:///…``), or ``None`` for
+    ``TUNER_URL``, and without it the local database (:func:`local_store_url`), said in
+    one line. With ``time_splits`` (one process only), the fewest micro batches are timed
+    against more, smaller ones and the fastest kept when the paired rounds show it faster
+    (:mod:`tuner.train.fastest`)."""
     from tuner.client import TunerClient
-    from tuner.train.integrations import equal_settings
+    from tuner.client.client import ClientSettings
+    from tuner.train.integrations import EqualMicroBatchWarning, equal_settings
     from tuner.train.planning import plan_training
 
     # Refused before probing: a batch the ranks cannot share evenly.
     plans.per_rank_batch(global_batch_size, MeshShape(data_parallel_size))
+    if client is None and not ClientSettings().url:
+        client = local_store_url()
+        if _plans_here():
+            log.warning(
+                "tuner: no client= or TUNER_URL, so profiles are kept in %s (the database "
+                "`tuner serve` uses by default)",
+                client,
+            )
     # A URL is opened here, by the process that plans, rank 0 alone under torch.distributed
-    # (a client does not cross the pickling of a spawned rank; a URL does); None is
-    # TUNER_URL's, opened by plan_training where it plans.
+    # (a client does not cross the pickling of a spawned rank; a URL does).
     opened: TunerClient | None = None
     if isinstance(client, str):
         given = opened = TunerClient(client) if _plans_here() else None
@@ -295,11 +312,25 @@ def plan_own_training(
     tuned = Tuned(recommendation, micro, steps, data_parallel_size, workload, worst_case)
     if time_splits:
         tuned = _timed(tuned, device=device, memory_limit=memory_limit, headroom=headroom)
+    warning = recommendation.equal.warning
+    if warning is not None and not tuned.timing_reason and _plans_here():
+        warnings.warn(warning, EqualMicroBatchWarning, stacklevel=3)
     limit = f" under {format_bytes(memory_limit)}" if memory_limit else ""
     log.info(
         "tuner: %s on %s%s; worst case: %s", tuned.describe(), device, limit, worst_case.describe()
     )
     return tuned
+
+
+def local_store_url() -> str:
+    """The database kept in the user's data directory (``~/.local/share/microbatch-tuner/
+    tuner.db`` on Linux): the one ``tuner serve`` and ``tuner db`` use when
+    ``TUNER_DATABASE_URL`` names none."""
+    from platformdirs import user_data_path
+
+    directory = user_data_path("microbatch-tuner", appauthor=False)
+    directory.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{directory / 'tuner.db'}"
 
 
 def _timed(tuned: Tuned, *, device: str, memory_limit: int | None, headroom: float) -> Tuned:

@@ -46,6 +46,7 @@ from tuner.core.errors import (
 )
 from tuner.core.results import Profile
 from tuner.core.shape import MeshShape
+from tuner.core.wire.recommendation import RecommendationQuery
 from tuner.engine.backends import Backend, make_backend
 from tuner.engine.fingerprint import device_key, workload_key
 from tuner.engine.outcome import DEFAULT_HEADROOM, DEFAULT_SIZE_CAP
@@ -268,16 +269,21 @@ class _Planner:
     memory_limit_bytes: int | None
     options: Mapping[str, JsonValue] | None
 
-    def ask(self, fallback: Fallback | None = None) -> plans.Recommendation:
-        return self.client.recommend(
+    def question(self) -> RecommendationQuery:
+        """The question this run asks, as every surface asks it."""
+        return RecommendationQuery(
             workload=self.workload_key,
             device=self.device_key,
             global_batch_size=self.global_batch_size,
             world_size=self.mesh.world_size,
-            parallel=self.workload.parallel.mode,
             tp=self.mesh.tp,
-            policy=self.policy,
-            fallback=fallback if fallback is not None else self.fallback,
+            parallel=self.workload.parallel.mode,
+            policy=self.policy,  # type: ignore[arg-type]
+        )
+
+    def ask(self, fallback: Fallback | None = None) -> plans.Recommendation:
+        return self.client.ask(
+            self.question(), fallback=fallback if fallback is not None else self.fallback
         )
 
     def profile_here(self) -> plans.Recommendation:

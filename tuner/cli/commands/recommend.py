@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from tuner.core import plan
 from tuner.core.commands import EXIT_FAILED, EXIT_NOTHING_FITS, EXIT_OK, positive_int
 from tuner.core.errors import NothingFitsError, ServiceUnavailableError
 from tuner.core.parallel import PARALLEL_MODES, SIMULATED_RANKS_NOTE
@@ -71,8 +72,8 @@ def add_parser(commands: Any) -> None:
         choices=POLICIES,
         default=DEFAULT_POLICY,
         help="balanced: the fewest micro batches that fit, sizes within one of each other "
-        "(default); max: largest fitting micro batch first, the remainder last; even: equal "
-        "micro batches when within 5%% of max's throughput; throughput: fastest measured",
+        "(default); max: largest fitting micro batch first, the remainder last; even: the best "
+        "equal split (micro batches of one size); throughput: fastest measured",
     )
     recommend.add_argument("--url", default=None, help="service URL (default: TUNER_URL)")
     recommend.add_argument("--token", default=None, help="API token (default: TUNER_TOKEN)")
@@ -121,6 +122,11 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
         return EXIT_OK
     print(answer.describe())
     print(answer.reason)
+    equal = equal_line(answer)
+    if equal is not None:
+        print(equal)
+    if answer.equal.warning is not None:
+        print(f"caution: {answer.equal.warning}")
     if answer.seq_len is not None:
         print(_tokens(answer))
     source = _source(answer)
@@ -154,6 +160,21 @@ def run(args: argparse.Namespace, stderr: Console) -> int:
             "a newer profile lifts this"
         )
     return EXIT_OK
+
+
+def equal_line(answer: plan.Recommendation) -> str | None:
+    """What a framework that runs equal micro batches only (the Hugging Face Trainer,
+    Lightning) trains, where the answer's split is not equal already."""
+    if answer.is_equal:
+        return None
+    equal = answer.equal
+    speed = ""
+    if equal.expected_samples_per_second is not None:
+        estimated = ", estimated" if equal.speed_basis == "estimated" else ""
+        speed = f", {equal.expected_samples_per_second:.1f} samples/s{estimated}"
+        if equal.slower_by is not None and equal.slower_by > 0:
+            speed += f", {equal.slower_by:.0%} slower"
+    return f"equal micro batches (Trainer, Lightning): {equal.headline}{speed}"
 
 
 def _source(answer: RecommendationPublic) -> str:

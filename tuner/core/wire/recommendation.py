@@ -58,7 +58,8 @@ class RecommendationQuery(RequestModel):
         default=plan.DEFAULT_POLICY,
         description="balanced (default): the fewest micro batches that fit, sizes within one "
         "of each other; max: largest fitting micro batch first, the remainder last; even: "
-        "equal micro batches when within 5% of max's throughput; throughput: fastest measured",
+        "the best equal split (micro batches of one size, the answer's equal); throughput: "
+        "fastest measured",
     )
 
     seq_len: QueryInt | None = Field(
