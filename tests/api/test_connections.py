@@ -19,6 +19,7 @@ from api.db import Database
 from api.main import create_app
 from tests.api.conftest import make_token
 from tests.api.documents import sample_profile
+from tests.helpers import scaled
 from tests.services import ServerThread, tuner_serve
 
 QUESTION = {"workload": "w" * 24, "device": "d" * 24, "global_batch_size": 64}
@@ -96,7 +97,7 @@ def closed_by_server(sockets: list[socket.socket], *, wait_s: float) -> int:
 
 
 def _still_answers(url: str, token: str) -> None:
-    with httpx.Client(base_url=url, timeout=10) as client:
+    with httpx.Client(base_url=url, timeout=scaled(10)) as client:
         assert client.get("/healthz").status_code == 200
         response = client.get(
             "/api/v1/recommendation",
@@ -121,7 +122,7 @@ def test_connections_that_never_finish_a_request_are_closed_after_the_timeout(
             _still_answers(url, token)  # while they are held
             held = heads + silent + partial_lines
             # Without the timeout uvicorn keeps every one of them open for ever.
-            assert closed_by_server(held, wait_s=30) == len(held)
+            assert closed_by_server(held, wait_s=scaled(30)) == len(held)
         _still_answers(url, token)
 
 
@@ -136,7 +137,7 @@ def test_a_process_out_of_room_closes_the_longest_waiting_connections_and_keeps_
     monkeypatch.setenv("TUNER_MAX_CONNECTIONS", "200")
     with tuner_serve(served_url, open_files=1024) as url, half_open(url, 2_000) as held:
         _still_answers(url, token)
-        assert closed_by_server(held, wait_s=30) >= 2_000 - 200
+        assert closed_by_server(held, wait_s=scaled(30)) >= 2_000 - 200
 
 
 def test_a_long_query_string_is_refused_with_414_and_long_headers_with_431(
@@ -346,8 +347,8 @@ def test_slow_readers_past_the_connection_limit_leave_the_health_check_answered(
     with tuner_serve(served_url) as url, not_reading(url, 300) as held:
         latencies = [healthz_seconds(url) for _ in range(5)]
         _still_answers(url, token)
-        assert max(latencies) < 5
-        assert reset_by_server(held, wait_s=30, enough=300 - 100) >= 300 - 100
+        assert max(latencies) < scaled(5)
+        assert reset_by_server(held, wait_s=scaled(30), enough=300 - 100) >= 300 - 100
 
 
 def test_forwarded_headers_are_trusted_only_from_the_proxy_named(served_url: str) -> None:

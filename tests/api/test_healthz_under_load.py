@@ -20,12 +20,14 @@ from api.db import Database
 from api.main import create_app
 from tests.api.conftest import make_token
 from tests.api.documents import sample_profile
+from tests.helpers import scaled
 from tests.services import ServerThread, tuner_serve
 from tuner.core.wire.recommendation import MAX_GLOBAL_BATCH_SIZE
 
 CONNECTIONS = 12  # heavy questions in flight at once
 LOAD_S = 4.0
 HEALTH_EVERY_S = 0.05
+# 3.1 to 6.2 s before; a quiet machine answers within 0.1 s, a busy one is given more.
 HEALTH_BOUND_S = 0.1
 
 
@@ -96,7 +98,7 @@ def test_healthz_answers_within_100_ms_while_many_connections_ask_the_heaviest_q
     assert not failures, failures
     assert len(answered) >= CONNECTIONS  # the load was there: every connection was answered
     worst = max(latencies)
-    assert worst < HEALTH_BOUND_S, (
+    assert worst < scaled(HEALTH_BOUND_S), (
         f"/healthz took {worst * 1000:.0f} ms at worst over {len(latencies)} checks while "
         f"{len(answered)} heavy answers were served"
     )
