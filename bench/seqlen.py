@@ -111,6 +111,7 @@ def replay_rows(label: str, curves: Curves, headroom: float, template: Profile) 
         extra += sum("one more probe" in note for note in notes)
         fallback += any("no fit across lengths" in note for note in notes)
         later.extend(len(p.probes) for p in profiles[1:])
+    answered, equal, above, refused, worst = left_out(curves, budgets, headroom, template)
     return [
         label,
         f"{headroom:.0%}",
@@ -121,7 +122,39 @@ def replay_rows(label: str, curves: Curves, headroom: float, template: Profile) 
         str(fallback),
         f"{statistics.median(later):g}",
         str(max(later)),
+        f"{equal}/{answered}",
+        str(above),
+        str(refused),
+        f"{worst:.0%}",
     ]
+
+
+def left_out(
+    curves: Curves, budgets: list[int], headroom: float, template: Profile
+) -> tuple[int, int, int, int, float]:
+    """Each of the two shorter lengths left out of the family in turn (16 from 32 and 64,
+    32 from 16 and 64) and estimated at every budget: answered, equal to the true M*,
+    above it, refused, and the worst shortfall (1 − estimate / truth)."""
+    answered = equal = above = refused = 0
+    worst = 0.0
+    shortest = sorted(curves)[:2]
+    for held_out in shortest:
+        family = {s: curve for s, curve in curves.items() if s != held_out}
+        for budget in budgets:
+            truth = true_max(curves[held_out], budget)
+            profiles, _ = replay_family(family, budget, template, headroom=headroom)
+            lengths = [p.workload.seq_len or 0 for p in profiles]
+            try:
+                found = estimate_length(profiles, lengths, held_out).max_micro_batch_size
+            except BadInputError:
+                refused += 1
+                continue
+            answered += 1
+            equal += found == truth
+            above += found > truth
+            if truth:
+                worst = max(worst, 1 - found / truth)
+    return answered, equal, above, refused, worst
 
 
 def build(case: Case, seq_len: int) -> Workload:
@@ -291,9 +324,19 @@ def main(argv: list[str] | None = None) -> int:
                     "no fit",
                     "probes per later length (median)",
                     "max",
+                    "left out: M* exact",
+                    "above",
+                    "refused",
+                    "worst shortfall",
                 ],
                 replays,
             ),
+            "Left out: lengths 16 and 32 each left out of the family in turn and estimated "
+            "from the other two at every budget (`tuner.core.lengths.estimate_length`, its "
+            "margin the fit's error on each measured point left out of it). Exact: the "
+            "estimate equals the true M*; above: above it (the one answer never to give); "
+            "refused: no fit, or a fit that cannot know its error; worst shortfall: the "
+            "largest 1 − estimate / true M*.",
         ]
     )
     print()
