@@ -36,13 +36,22 @@ hold a phase's peak flat.
 
 The answer at ``(W, tp)`` is ``measured`` where a profile at exactly that shape exists
 (the newest), else ``estimated``: the largest m whose predicted footprint, raised by the
-fit's largest relative residual, stays within the budget, and never above what was
+fit's error, stays within the budget, and never above what was
 measured to fit at the nearest measured shape that is at least as large in both
 dimensions (a rank's memory does not grow with dp or with tp, so that shape is a ceiling
 that ran). On a mesh, a shape outside the measured range of dp or of tp, or with no
 measured shape larger in both, is refused in one line: that would extrapolate. Without a
 mesh (every shape ``tp = 1``), as before: above the largest measured world size, that
 size's M* is the ceiling. Torch-free, so the service can answer with it.
+
+The fit's error is what it makes where it was not fitted, never its residual alone: with
+as many probes as terms it passes through all of them. Each probe is left out in turn,
+the fit made again from the others and the probe's footprint predicted from it; the
+largest relative error of these (or the residual, where larger) is the margin. Where some
+probe cannot be left out (the others separate fewer terms, or none), the fit cannot know
+its error, and a shape whose ceiling comes from a larger shape (a ceiling above the
+truth) is refused with the command that profiles it; above every measured world size the
+ceiling is a smaller size's M*, which a larger world never fits less than, and answers.
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ from pydantic import BaseModel, ConfigDict
 from tuner.core.errors import BadInputError
 from tuner.core.least_squares import fit_linear, relative_weights
 from tuner.core.plan import Basis
-from tuner.core.results import Profile
+from tuner.core.results import ProbeResult, Profile
 from tuner.core.shape import ONE_PROCESS, MeshShape
 
 # The fit's terms in order of preference: each enters when the measured points can tell
@@ -121,7 +130,12 @@ class WorldFit(BaseModel):
     overhead_bytes: float
     points: int
     world_sizes: list[int]
+    # The error an estimate keeps as its margin: the larger of the fit's residual on its
+    # probes (in_sample_error) and its error on each probe left out of it (held_out_error;
+    # None where some probe cannot be left out, and the fit does not know its error).
     max_relative_error: float
+    in_sample_error: float = 0.0
+    held_out_error: float | None = None
     # The measured shapes (by dp, then tp) and the terms the fit could separate.
     shapes: list[MeshShape] = []
     terms: list[str] = []
@@ -200,6 +214,42 @@ def fit_world_sizes(profiles: Sequence[Profile]) -> WorldFit:
     ]
     if len({probe.micro_batch_size for probe, _ in measured}) < 2:
         raise BadInputError("the profiles measured fewer than two micro batch sizes: profile more")
+    fit = _fit_measured(measured, profiles)
+    held_out = _held_out_error(measured, profiles)
+    return fit.model_copy(
+        update={
+            "held_out_error": held_out,
+            "max_relative_error": max(fit.in_sample_error, held_out or 0.0),
+        }
+    )
+
+
+def _held_out_error(
+    measured: list[tuple[ProbeResult, MeshShape]], profiles: Sequence[Profile]
+) -> float | None:
+    """The largest relative error predicting each measured footprint from the fit to the
+    other probes (which may separate fewer terms); None where some probe cannot be left
+    out (the others cannot be fitted)."""
+    worst = 0.0
+    for index, (probe, mesh) in enumerate(measured):
+        others = [*measured[:index], *measured[index + 1 :]]
+        try:
+            fit = _fit_measured(others, profiles)
+        except BadInputError:
+            return None
+        footprint = probe.footprint_bytes or 0
+        if footprint > 0:
+            predicted = fit.predict(probe.micro_batch_size, mesh)
+            worst = max(worst, abs(predicted - footprint) / footprint)
+    return worst
+
+
+def _fit_measured(
+    measured: list[tuple[ProbeResult, MeshShape]], profiles: Sequence[Profile]
+) -> WorldFit:
+    """The least-squares fit of each phase over ``measured``, its residual as its error."""
+    if len({probe.micro_batch_size for probe, _ in measured}) < 2:
+        raise BadInputError("the profiles measured fewer than two micro batch sizes: profile more")
     curves: dict[str, list[tuple[int, MeshShape, int]]] = {}
     for probe, mesh in measured:
         # Without phases (an older profile), the whole footprint is one curve.
@@ -231,7 +281,7 @@ def fit_world_sizes(profiles: Sequence[Profile]) -> WorldFit:
         / (probe.footprint_bytes or 1)
         for probe, mesh in measured
     )
-    return fit.model_copy(update={"max_relative_error": worst})
+    return fit.model_copy(update={"max_relative_error": worst, "in_sample_error": worst})
 
 
 def near_boundary(size: int, max_micro_batch_size: int) -> bool:
@@ -297,7 +347,19 @@ def estimate_world_size(profiles: Sequence[Profile], mesh: MeshShape) -> WorldEs
             based_on_shapes=[mesh],
             ceiling_shape=mesh,
         )
-    ceiling_from = _ceiling(profiles, mesh, across_meshes=fit.has_mesh or mesh.is_mesh)
+    across_meshes = fit.has_mesh or mesh.is_mesh
+    ceiling_from = _ceiling(profiles, mesh, across_meshes=across_meshes)
+    if fit.held_out_error is None and mesh.bounds(ceiling_from.mesh):
+        # The fit passes through every probe, and the ceiling comes from a larger shape (a
+        # rank there holds less, so its M* may be below the truth here, or equal): nothing
+        # measured bounds the fit's error from below.
+        raise BadInputError(
+            f"{_where(mesh, across_meshes)} cannot be estimated: the fit across the measured "
+            "shapes passes through every probe near their boundaries, so it cannot know its "
+            "error between them (leaving any one out leaves too few to fit); profile at "
+            f"this shape (--world-size {mesh.world_size}"
+            + (f" --tp {mesh.tp})" if mesh.tp > 1 else ")")
+        )
     if fit.per_sample_at(mesh) <= 0:
         raise BadInputError("peak memory does not grow with the micro batch in these profiles")
     budget = profiles[0].budget_bytes
@@ -316,6 +378,10 @@ def estimate_world_size(profiles: Sequence[Profile], mesh: MeshShape) -> WorldEs
         based_on_shapes=shapes,
         ceiling_shape=ceiling_from.mesh,
     )
+
+
+def _where(mesh: MeshShape, across_meshes: bool) -> str:
+    return f"a {mesh.dp} × {mesh.tp} mesh (dp × tp)" if across_meshes else mesh.where()
 
 
 def _ceiling(profiles: Sequence[Profile], mesh: MeshShape, *, across_meshes: bool) -> Profile:
