@@ -150,7 +150,7 @@ def test_a_fit_through_every_point_knows_no_error_and_estimates_nothing() -> Non
     ]
     fit = fit_length_profiles(profiles, lengths)
     assert fit.points == 4
-    assert fit.in_sample_error < 1e-9  # through every point...
+    assert fit.max_relative_error < 1e-9  # through every point...
     assert fit.held_out_error is None  # ... and no point can be left out of it
     # Its residual as the margin would answer above the truth between the lengths.
     per_sample, fixed = fit.per_sample_bytes(160), fit.predict(0, 160)
@@ -169,13 +169,13 @@ def test_with_a_term_the_fit_lacks_every_estimate_is_at_most_the_truth(cube: flo
     profiles = [cubic_profile(s, {(cubic_max(s, cube) + 1) // 2}, cube) for s in lengths]
     fit = fit_length_profiles(profiles, lengths)
     assert fit.held_out_error is not None
-    assert fit.max_relative_error == max(fit.in_sample_error, fit.held_out_error)
-    assert fit.held_out_error > fit.in_sample_error
+    assert fit.error_bound == max(fit.max_relative_error, fit.held_out_error)
+    assert fit.held_out_error > fit.max_relative_error
     for seq_len in range(40, int(256 * EXTRAPOLATION) + 1, 8):
         answer = estimate_length(profiles, lengths, seq_len)
         assert answer.max_micro_batch_size <= cubic_max(seq_len, cube), seq_len
         if answer.basis == "estimated":
-            assert f"within {fit.max_relative_error:.1%}" in answer.describe()
+            assert f"within {fit.error_bound:.1%}" in answer.describe()
 
 
 def test_held_out_error_is_the_worst_prediction_of_a_point_left_out() -> None:

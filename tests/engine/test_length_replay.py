@@ -95,7 +95,7 @@ def test_a_length_left_out_is_estimated_at_most_its_true_m_star(
 ) -> None:
     """Each end length left out of the family in turn (16 from 32 and 64, 32 from 16 and
     64), at every budget: the estimate is never above the length's true ``M*``."""
-    _, curves = scanned
+    model, curves = scanned
     template = sample_profile()
     answered = equal = 0
     for held_out in (16, 32):
@@ -112,3 +112,7 @@ def test_a_length_left_out_is_estimated_at_most_its_true_m_star(
             equal += answer.max_micro_batch_size == truth
             assert answer.max_micro_batch_size <= truth, (held_out, budget)
     assert answered > 20
+    # Exact wherever the fit's terms are the curve's. GPT-2's eager attention holds s²
+    # scores that two lengths cannot tell from s: its error left out (20-25%) is the
+    # margin, and the estimate is below the truth (measured: 10 of 48 exact).
+    assert equal == answered or model == "gpt2", (equal, answered)

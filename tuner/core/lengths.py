@@ -27,8 +27,9 @@ fit with as many terms as points passes through every one of them (a residual of
 says nothing; measured: XLM-RoBERTa at 64, 128 and 256 answered 7 at 192, where 7 runs
 out of memory and 6 is the truth). So each measured point is left out in turn, the fit
 is made again from the others (:func:`fit_lengths`, which may then fit fewer terms) and
-the point predicted from it; the largest relative error of these predictions, or of the
-fit itself where larger, is the margin. Where some point cannot be left out (the others
+the point predicted from it; the largest relative error of these predictions
+(``held_out_error``), or of the fit itself where larger (``max_relative_error``), is the
+margin (``error_bound``). Where some point cannot be left out (the others
 cannot be fitted: one peak at a length, two at no other), the fit cannot know its error
 and nothing is estimated: the refusal names the command that measures the length.
 """
@@ -65,12 +66,9 @@ class LengthFit(BaseModel):
     per_token_pair_bytes: float  # c
     seq_lens: list[int]
     points: int
-    # The error an estimate keeps as its margin: the larger of the fit's residual on its
-    # points (in_sample_error) and its error on each point left out of it (held_out_error).
-    max_relative_error: float = 0.0
-    in_sample_error: float = 0.0
-    # None: some point cannot be left out (the others cannot be fitted), so the fit does
-    # not know its error and estimates are refused.
+    max_relative_error: float = 0.0  # the fit's residual on its own points
+    # Its error on each point left out of it; None: some point cannot be left out (the
+    # others cannot be fitted), so the fit does not know its error and does not estimate.
     held_out_error: float | None = None
 
     def predict(self, micro_batch_size: int, seq_len: int) -> float:
@@ -84,6 +82,14 @@ class LengthFit(BaseModel):
 
     def per_sample_bytes(self, seq_len: int) -> float:
         return self.per_token_bytes * seq_len + self.per_token_pair_bytes * seq_len**2
+
+    @property
+    def error_bound(self) -> float | None:
+        """The margin an estimate keeps: the larger of the residual and the error on the
+        points left out; None where the fit cannot know its error."""
+        if self.held_out_error is None:
+            return None
+        return max(self.max_relative_error, self.held_out_error)
 
 
 class LengthEstimate(BaseModel):
@@ -101,25 +107,18 @@ class LengthEstimate(BaseModel):
         if self.basis == "measured":
             return f"measured at seq_len {self.seq_len}"
         lengths = ", ".join(str(s) for s in self.based_on)
-        error = self.fit.max_relative_error if self.fit else 0.0
+        error = (self.fit.error_bound or 0.0) if self.fit else 0.0
         return (
             f"estimated for seq_len {self.seq_len} from profiles at {lengths} "
-            f"(each measured peak near the boundary predicted within {error:.1%} by the "
-            "fit to the others)"
+            f"(fit within {error:.1%} of every measured peak near the boundary, each "
+            "predicted by the fit to the others)"
         )
 
 
 def fit_lengths(points: Sequence[tuple[int, int, int]]) -> LengthFit:
     """The fit through ``(micro batch, seq_len, peak bytes)`` points, with its error on
     each point left out of it (the module's docstring says why)."""
-    fit = _fit_points(points)
-    held_out = held_out_error(points)
-    return fit.model_copy(
-        update={
-            "held_out_error": held_out,
-            "max_relative_error": max(fit.in_sample_error, held_out or 0.0),
-        }
-    )
+    return _fit_points(points).model_copy(update={"held_out_error": held_out_error(points)})
 
 
 def held_out_error(points: Sequence[tuple[int, int, int]]) -> float | None:
@@ -169,7 +168,7 @@ def _fit_points(points: Sequence[tuple[int, int, int]]) -> LengthFit:
         points=len(points),
     )
     worst = max(abs(fit.predict(m, s) - y) / y for m, s, y in points if y > 0)
-    return fit.model_copy(update={"max_relative_error": worst, "in_sample_error": worst})
+    return fit.model_copy(update={"max_relative_error": worst})
 
 
 def fit_length_profiles(profiles: Sequence[Profile], seq_lens: Sequence[int]) -> LengthFit:
@@ -241,7 +240,7 @@ def estimate_length(
     if fit.per_sample_bytes(seq_len) <= 0:
         raise BadInputError("peak memory does not grow with the micro batch in these profiles")
     budget = profiles[0].budget_bytes
-    margin = 1 + fit.max_relative_error
+    margin = 1 + (fit.error_bound or 0.0)
     per_sample = fit.per_sample_bytes(seq_len)
     fixed = fit.predict(0, seq_len)
     size = max(0, int((budget / margin - fixed) // per_sample))

@@ -47,7 +47,8 @@ size's M* is the ceiling. Torch-free, so the service can answer with it.
 The fit's error is what it makes where it was not fitted, never its residual alone: with
 as many probes as terms it passes through all of them. Each probe is left out in turn,
 the fit made again from the others and the probe's footprint predicted from it; the
-largest relative error of these (or the residual, where larger) is the margin. Where some
+largest relative error of these (``held_out_error``, or the residual
+``max_relative_error`` where larger) is the margin (``error_bound``). Where some
 probe cannot be left out (the others separate fewer terms, or none), the fit cannot know
 its error, and a shape whose ceiling comes from a larger shape (a ceiling above the
 truth) is refused with the command that profiles it; above every measured world size the
@@ -130,11 +131,9 @@ class WorldFit(BaseModel):
     overhead_bytes: float
     points: int
     world_sizes: list[int]
-    # The error an estimate keeps as its margin: the larger of the fit's residual on its
-    # probes (in_sample_error) and its error on each probe left out of it (held_out_error;
-    # None where some probe cannot be left out, and the fit does not know its error).
-    max_relative_error: float
-    in_sample_error: float = 0.0
+    max_relative_error: float  # the fit's residual on its own probes
+    # Its error on each probe left out of it; None where some probe cannot be left out,
+    # and the fit does not know its error.
     held_out_error: float | None = None
     # The measured shapes (by dp, then tp) and the terms the fit could separate.
     shapes: list[MeshShape] = []
@@ -143,6 +142,14 @@ class WorldFit(BaseModel):
     def predict(self, micro_batch_size: int, mesh: MeshShape) -> float:
         peak = max(fit.predict(micro_batch_size, mesh) for fit in self.phases.values())
         return peak + self.overhead_bytes
+
+    @property
+    def error_bound(self) -> float | None:
+        """The margin an estimate keeps: the larger of the residual and the error on the
+        probes left out; None where the fit cannot know its error."""
+        if self.held_out_error is None:
+            return None
+        return max(self.max_relative_error, self.held_out_error)
 
     @property
     def per_sample_bytes(self) -> float:
@@ -215,13 +222,7 @@ def fit_world_sizes(profiles: Sequence[Profile]) -> WorldFit:
     if len({probe.micro_batch_size for probe, _ in measured}) < 2:
         raise BadInputError("the profiles measured fewer than two micro batch sizes: profile more")
     fit = _fit_measured(measured, profiles)
-    held_out = _held_out_error(measured, profiles)
-    return fit.model_copy(
-        update={
-            "held_out_error": held_out,
-            "max_relative_error": max(fit.in_sample_error, held_out or 0.0),
-        }
-    )
+    return fit.model_copy(update={"held_out_error": _held_out_error(measured, profiles)})
 
 
 def _held_out_error(
@@ -281,7 +282,7 @@ def _fit_measured(
         / (probe.footprint_bytes or 1)
         for probe, mesh in measured
     )
-    return fit.model_copy(update={"max_relative_error": worst, "in_sample_error": worst})
+    return fit.model_copy(update={"max_relative_error": worst})
 
 
 def near_boundary(size: int, max_micro_batch_size: int) -> bool:
@@ -363,7 +364,9 @@ def estimate_world_size(profiles: Sequence[Profile], mesh: MeshShape) -> WorldEs
     if fit.per_sample_at(mesh) <= 0:
         raise BadInputError("peak memory does not grow with the micro batch in these profiles")
     budget = profiles[0].budget_bytes
-    margin = 1 + fit.max_relative_error
+    # Where the fit cannot know its error (refused above unless a smaller size's M*
+    # bounds the answer from below), its residual is the margin.
+    margin = 1 + (fit.error_bound or fit.max_relative_error)
     fitting = [
         m for m in range(1, profiles[0].size_cap + 1) if fit.predict(m, mesh) * margin <= budget
     ]
