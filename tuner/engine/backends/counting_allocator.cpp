@@ -205,23 +205,27 @@ int64_t tuner_count_serial() {
   return next_serial;
 }
 
-// Bytes of the live blocks allocated from serial number `since` on.
-int64_t tuner_count_live_since(int64_t since) {
+// Bytes of the live blocks allocated from serial number `since` on by threads tagged `tag`.
+int64_t tuner_count_live_since(int64_t since, int tag) {
   std::lock_guard<std::mutex> lock(mutex);
   int64_t total = 0;
   for (const auto& entry : *blocks) {
-    if (entry.second.serial >= since) {
+    if (entry.second.serial >= since && entry.second.tag == tag) {
       total += entry.second.size;
     }
   }
   return total;
 }
 
-// The serial number of the live block at `data`, or -1 where none of ours starts there.
-int64_t tuner_count_serial_of(void* data) {
+// The serial number of the live block at `data` if a thread tagged `tag` allocated it, or
+// -1 where none such starts there.
+int64_t tuner_count_serial_of(void* data, int tag) {
   std::lock_guard<std::mutex> lock(mutex);
   auto found = blocks->find(data);
-  return found == blocks->end() ? -1 : found->second.serial;
+  if (found == blocks->end() || found->second.tag != tag) {
+    return -1;
+  }
+  return found->second.serial;
 }
 
 // The most the process may hold live once an allocation of the step's thread is counted;

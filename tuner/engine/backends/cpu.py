@@ -430,17 +430,20 @@ class CpuBackend(Backend):
         reading.add(peak, peak)
 
     def _held_bytes(self, count: ProcessAllocations, resident: Iterable[torch.Tensor]) -> int:
-        """What the workload holds now: the live blocks allocated since start_workload,
-        and the resident tensors' storages allocated before it (or outside the hook)."""
+        """What the workload holds now: the live blocks its steps allocated since
+        start_workload (inside blocks, where this thread is tagged as the step's: not what
+        other work of the process, a dry run say, allocates in between), and the resident
+        tensors' storages that are not among them (the weights, the batch, gradients and
+        state put back between probes)."""
         since = self._workload_serial
-        before: dict[int, int] = {}
+        others: dict[int, int] = {}
         for tensor in resident:
             for plain in plain_tensors(tensor):
                 storage = plain.untyped_storage()
                 address = storage.data_ptr()
-                if address and count.serial_of(address) < since:
-                    before[address] = storage.nbytes()
-        return count.live_since(since) + sum(before.values())
+                if address and count.serial_of(address, STEP) < since:
+                    others[address] = storage.nbytes()
+        return count.live_since(since, STEP) + sum(others.values())
 
     def current_bytes(self) -> int:
         if self._plain_start is not None and self.plain_count is not None:

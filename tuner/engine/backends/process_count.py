@@ -143,14 +143,15 @@ class ProcessAllocations:
         """The serial number the next allocation will carry."""
         return int(self._library.tuner_count_serial())
 
-    def live_since(self, serial: int) -> int:
-        """Bytes of the live blocks allocated from ``serial`` on (by any thread)."""
-        return int(self._library.tuner_count_live_since(serial))
+    def live_since(self, serial: int, tag: int) -> int:
+        """Bytes of the live blocks allocated from ``serial`` on by threads tagged ``tag``."""
+        return int(self._library.tuner_count_live_since(serial, tag))
 
-    def serial_of(self, address: int) -> int:
-        """The serial number of the live block allocated at ``address``; -1 where none of
-        the counted blocks starts there (allocated before the counter, or elsewhere)."""
-        return int(self._library.tuner_count_serial_of(address))
+    def serial_of(self, address: int, tag: int) -> int:
+        """The serial number of the live block allocated at ``address`` by a thread tagged
+        ``tag``; -1 where no such block starts there (allocated before the counter, by
+        another, or elsewhere)."""
+        return int(self._library.tuner_count_serial_of(address, tag))
 
     @contextmanager
     def limited(self, live_bytes: int | None) -> Iterator[None]:
@@ -209,9 +210,9 @@ def process_allocations() -> ProcessAllocations | None:
     library.tuner_count_read.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     library.tuner_count_set_thread_tag.argtypes = [ctypes.c_int]
     library.tuner_count_serial.restype = ctypes.c_int64
-    library.tuner_count_live_since.argtypes = [ctypes.c_int64]
+    library.tuner_count_live_since.argtypes = [ctypes.c_int64, ctypes.c_int]
     library.tuner_count_live_since.restype = ctypes.c_int64
-    library.tuner_count_serial_of.argtypes = [ctypes.c_void_p]
+    library.tuner_count_serial_of.argtypes = [ctypes.c_void_p, ctypes.c_int]
     library.tuner_count_serial_of.restype = ctypes.c_int64
     library.tuner_count_set_limit.argtypes = [ctypes.c_int64]
     if library.tuner_count_install() != 1:
