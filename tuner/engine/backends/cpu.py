@@ -404,8 +404,8 @@ class CpuBackend(Backend):
         """A block counted by the allocator's hook with nothing else active:
 
             peak = held at start + (the process's peak in the block − its live bytes at start)
-            held at start = live blocks allocated since start_workload
-                            + resident tensors allocated before it (the weights)
+            held at start = live blocks this thread allocated in blocks since start_workload
+                            + the resident tensors not among them (the weights, the batch)
 
         An allocation of this thread that would take the count past ``limit`` raises
         ``torch.OutOfMemoryError`` before it is made."""
