@@ -196,6 +196,7 @@ def import_cycles(root: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_no_package_imports_one_above_it() -> None:
     assert violations(REPO_ROOT) == []
 
@@ -205,6 +206,7 @@ def test_nothing_under_tuner_imports_the_service() -> None:
     assert found == [], "\n".join(found)
 
 
+@pytest.mark.slow
 def test_no_test_imports_the_benchmarks() -> None:
     found = bench_imports(REPO_ROOT)
     assert found == [], "a check that needs bench/ belongs to the benchmark that runs it:\n" + (
@@ -212,6 +214,7 @@ def test_no_test_imports_the_benchmarks() -> None:
     )
 
 
+@pytest.mark.slow
 def test_no_modules_import_each_other() -> None:
     circles = import_cycles(REPO_ROOT)
     assert circles == [], "\n".join(circles)
@@ -233,6 +236,7 @@ def tree_copy(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("module", "source", "expected"),
     [

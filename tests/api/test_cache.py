@@ -57,6 +57,7 @@ def test_a_profile_stored_elsewhere_changes_the_next_answer(
     assert http.get("/api/v1/recommendation", params=QUESTION).json()["micro_batch_size"] == 16
 
 
+@pytest.mark.slow
 def test_an_oom_report_lowers_the_cached_answer_at_once(http: httpx.Client, database) -> None:
     with database.session(write=True) as session:
         add_profile(session, sample_profile(max_micro_batch_size=16), project_id=1)
@@ -162,6 +163,7 @@ def test_a_cached_answer_still_needs_a_valid_token(service, database: Database) 
     assert ask(reader).status_code == 401
 
 
+@pytest.mark.slow
 def test_token_checks_cannot_grow_with_what_requests_send(service, database: Database) -> None:
     """The principal cache holds one entry per token the store accepted, keyed by its
     digest: tokens the store refuses, however many and however long, add nothing."""

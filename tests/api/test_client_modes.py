@@ -64,6 +64,7 @@ def both(
         client.close()
 
 
+@pytest.mark.slow
 def test_upload_get_list_recommend_and_report(client: TunerClient) -> None:
     profile = profile_with_speeds({1: 10.0, 8: 80.0, 12: 90.0}, max_micro_batch_size=12)
     stored = client.upload_profile(profile)
@@ -170,6 +171,7 @@ def finish_job(database: Database, job_id: int) -> None:
         jobs.complete_job(session, job.id, lease.lease_id, caller, profile)
 
 
+@pytest.mark.slow
 def test_queue_a_job_and_wait_for_it(client: TunerClient, database: Database) -> None:
     job = client.queue_job(
         TARGET,
@@ -253,6 +255,7 @@ def test_the_database_stores_are_the_services_found_by_their_entry_points() -> N
     )
 
 
+@pytest.mark.slow
 def test_the_client_stays_light_until_a_database_url_is_used(tmp_path: Path) -> None:
     child = run_python(
         "import sys\n"

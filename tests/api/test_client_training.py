@@ -99,6 +99,7 @@ def plan_for(workload: Workload, client: TunerClient, **options: Any) -> Any:
     return plan_training(workload, client=client, **{**settings, **options})
 
 
+@pytest.mark.slow
 @SQLITE
 def test_profiled_once_uploaded_then_served_from_the_stored_profile(
     client: TunerClient, profiled: ProfileCalls
@@ -138,6 +139,7 @@ def tracked_step(accumulator: Accumulator, batch: Any, limit: int) -> Any:
         return accumulator.step(batch)
 
 
+@pytest.mark.slow
 @SQLITE
 def test_an_oom_in_training_reported_to_the_service_lowers_the_next_plan(
     client: TunerClient, profiled: ProfileCalls
@@ -176,6 +178,7 @@ def test_an_oom_in_training_reported_to_the_service_lowers_the_next_plan(
     assert lowered.profile_id == plan.profile_id
 
 
+@pytest.mark.slow
 @SQLITE
 def test_an_estimate_is_measured_unless_missing_is_fail(
     client: TunerClient, profiled: ProfileCalls

@@ -61,6 +61,7 @@ def when(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
+@pytest.mark.slow
 def test_queue_claim_heartbeat_result(connect: Connect, database: Database) -> None:
     client = connect()
     job = queue(client, options={"precision": "bf16"}, settings={"memory_limit_bytes": "2GiB"})
@@ -225,6 +226,7 @@ def test_retryable_failure_requeues_until_the_last_attempt(connect: Connect) -> 
     assert claim(client, worker) is None
 
 
+@pytest.mark.slow
 def test_an_expired_lease_requeues_then_fails_after_the_last_attempt(connect: Connect) -> None:
     client = connect(lease_seconds=0.3, max_attempts=2)
     job = queue(client)
@@ -268,6 +270,7 @@ def test_claims_only_jobs_for_the_workers_device(connect: Connect) -> None:
     assert queued["data"][0]["device"] == "another-key-000000000000"
 
 
+@pytest.mark.slow
 def test_concurrent_claims_never_give_one_job_to_two_workers(connect: Connect) -> None:
     client = connect()
     jobs = [queue(client)["id"] for _ in range(24)]
@@ -307,6 +310,7 @@ def test_concurrent_claims_never_give_one_job_to_two_workers(connect: Connect) -
         assert current["attempts"] == 1
 
 
+@pytest.mark.slow
 def test_list_filters_and_pages(connect: Connect) -> None:
     client = connect()
     ids = [queue(client, device=f"dev-{i % 2}")["id"] for i in range(5)]

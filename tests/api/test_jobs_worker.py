@@ -347,6 +347,7 @@ def test_a_jobs_code_gets_none_of_the_workers_credentials(
     assert worker_token not in failed["error"]
 
 
+@pytest.mark.slow
 @SQLITE_ONLY
 def test_a_worker_that_stops_on_purpose_has_left_and_one_killed_goes_silent(
     migrated_url: str, database: Database, workers: Workers

@@ -167,6 +167,7 @@ def test_workers_keep_their_rows_both_ways(database_url: str) -> None:
 # copies and drops the table, would cascade to them).
 
 
+@pytest.mark.slow
 def test_profiles_are_backfilled_and_kept_both_ways(database_url: str) -> None:
     migrate.upgrade(database_url, "0003")
     rows_before_0004(database_url)
@@ -189,6 +190,7 @@ def test_profiles_are_backfilled_and_kept_both_ways(database_url: str) -> None:
 # profiles reference them, and SQLite's batch mode would cascade to them).
 
 
+@pytest.mark.slow
 def test_workloads_gain_no_length_and_keep_their_profiles_both_ways(database_url: str) -> None:
     migrate.upgrade(database_url, "0003")
     rows_before_0004(database_url)
@@ -391,6 +393,7 @@ def _columns(url: str) -> set[str]:
         engine.dispose()
 
 
+@pytest.mark.slow
 def test_probes_gain_a_timeline_column_and_keep_their_rows_both_ways(database_url: str) -> None:
     migrate.upgrade(database_url, "0003")
     rows_before_0004(database_url)

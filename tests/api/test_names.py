@@ -124,6 +124,7 @@ def test_another_tokens_rows_cannot_shadow_a_name(
     )
 
 
+@pytest.mark.slow
 def test_a_name_first_registered_by_another_token_is_not_taken_over(
     alice: httpx.Client, mallory: httpx.Client
 ) -> None:

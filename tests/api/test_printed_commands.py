@@ -40,6 +40,7 @@ def suggested_commands(text: str) -> list[list[str]]:
     return [shlex.split(found)[1:] for found in re.findall(r"`(tuner [^`]+)`", text)]
 
 
+@pytest.mark.slow
 def test_the_ddp_caveats_command_runs_as_printed_on_a_cpu_device(
     http: httpx.Client, service: ServerThread, admin_token: str
 ) -> None:

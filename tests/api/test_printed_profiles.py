@@ -88,6 +88,7 @@ def own_fields(document: dict[str, Any]) -> dict[str, Any]:
     return Profile.model_validate(own).model_dump(mode="json")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(COMBINATIONS))
 def test_the_printed_json_posts_and_validates_as_it_is(service: Service, name: str) -> None:
     arguments = COMBINATIONS[name]
@@ -118,6 +119,7 @@ def test_the_printed_json_posts_and_validates_as_it_is(service: Service, name: s
             assert one["micro_batch_size"] == one["recommendation"]["micro_batch_size"]
 
 
+@pytest.mark.slow
 def test_explore_prints_the_chosen_variant_and_its_stored_id(service: Service) -> None:
     document = printed(service, [*STACK, "--explore", "--global-batch-size", "4", "--upload"])
     [chosen] = [v for v in document["variants"] if v["chosen"]]
@@ -143,6 +145,7 @@ def test_explore_prints_the_chosen_variant_and_its_stored_id(service: Service) -
         assert http.post("/api/v1/profiles", json=older).status_code == 200
 
 
+@pytest.mark.slow
 def test_a_misspelt_or_contradicting_key_is_still_refused(service: Service) -> None:
     document = printed(service, [*MLP, "--global-batch-size", "100"])
     with service.http() as http:

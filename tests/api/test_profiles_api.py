@@ -36,6 +36,7 @@ def _stored(body: dict[str, Any]) -> dict[str, Any]:
 # Create and read back
 
 
+@pytest.mark.slow
 @pytest.mark.both_stores
 def test_a_profile_is_stored_whole_and_read_back_with_its_probes(http: httpx.Client) -> None:
     profile = sample_profile()
@@ -163,6 +164,7 @@ def _newest_first(rows: list[dict[str, Any]]) -> list[int]:
     return [r["id"] for r in sorted(rows, key=lambda r: r["id"], reverse=True)]
 
 
+@pytest.mark.slow
 @pytest.mark.both_stores
 def test_filters_by_workload_device_and_time(
     http: httpx.Client, history: list[dict[str, Any]]
@@ -187,6 +189,7 @@ def test_filters_by_workload_device_and_time(
     assert _ids(http, workload="nothing-by-this-name") == []
 
 
+@pytest.mark.slow
 @pytest.mark.both_stores
 def test_pages_cover_everything_once_in_order(
     http: httpx.Client, history: list[dict[str, Any]]

@@ -119,6 +119,7 @@ def a_answer(teams: Teams) -> tuple[int, int]:
     return by_name
 
 
+@pytest.mark.slow
 def test_nothing_team_b_writes_changes_team_as_answers(
     teams: Teams, a_answer: tuple[int, int]
 ) -> None:

@@ -58,6 +58,7 @@ def test_a_write_over_the_rate_is_429_with_retry_after(limited, database) -> Non
         assert _oom(other).status_code == 201
 
 
+@pytest.mark.slow
 def test_reads_keep_their_pace_while_one_client_floods_writes(limited, database) -> None:
     flooder, reader_token = make_token(database, "write"), make_token(database, "read")
     with _client(limited, flooder) as client:

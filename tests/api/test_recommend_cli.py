@@ -91,6 +91,7 @@ def test_recommend_json_with_url_and_token_options(
     )
 
 
+@pytest.mark.slow
 def test_recommend_failures_exit_with_a_status_and_a_message(
     http: httpx.Client, service: ServerThread, admin_token: str
 ) -> None:
@@ -147,6 +148,7 @@ def test_recommend_failures_exit_with_a_status_and_a_message(
 MLP = ("examples.mlp:workload", "-o", "hidden=64", "-o", "layers=1", "--device", "cpu")
 
 
+@pytest.mark.slow
 def test_profile_upload_stores_the_profile_and_prints_its_id(
     http: httpx.Client, service: ServerThread, admin_token: str
 ) -> None:

@@ -103,6 +103,7 @@ def _answer(family: Family, **params: Any) -> dict[str, Any]:
     return body
 
 
+@pytest.mark.slow
 def test_a_profiled_length_is_answered_from_its_own_profile(family: Family) -> None:
     answer = _answer(family, seq_len=64)
     m_star = family.profiles[64].max_micro_batch_size

@@ -114,6 +114,7 @@ def test_token_create_refuses_a_name_with_a_control_character(
     assert "--name" in err
 
 
+@pytest.mark.slow
 def test_a_stored_token_name_cannot_forge_an_access_log_line(sqlite_url: str) -> None:
     """A name stored before names were checked: written escaped, on its own line."""
     migrate.upgrade(sqlite_url)

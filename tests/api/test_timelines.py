@@ -27,6 +27,7 @@ def answer_probe(body: dict[str, Any]) -> dict[str, Any]:
     return probe
 
 
+@pytest.mark.slow
 def test_a_timeline_is_stored_and_read_back_unchanged(http: httpx.Client) -> None:
     profile = measured_profile()
     created = upload(http, profile)

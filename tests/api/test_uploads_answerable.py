@@ -133,6 +133,7 @@ def questions(draw: st.DrawFn, document: Document) -> list[dict[str, str]]:
     return asked
 
 
+@pytest.mark.slow
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_no_accepted_upload_makes_a_question_or_a_page_a_5xx(

@@ -183,6 +183,7 @@ def test_revision_0005_adds_the_link_and_going_back_keeps_the_profiles(
     ]
 
 
+@pytest.mark.slow
 def test_profile_explore_upload_stores_every_variant_linked(
     http: httpx.Client, service: ServerThread, admin_token: str
 ) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.helpers import run_tuner
 
 TARGET = "tests.variant_workloads:stack"
@@ -21,6 +23,7 @@ SMALL_GPT = (
 )
 
 
+@pytest.mark.slow
 def test_memory_short_explores_by_itself_and_says_so() -> None:
     done = run_tuner(
         "profile", TARGET, "--device", "cpu", "--memory-limit", "460000",
@@ -40,6 +43,7 @@ def test_memory_short_explores_by_itself_and_says_so() -> None:
     assert "activation checkpointing of blocks.0" in " ".join(out.split())
 
 
+@pytest.mark.slow
 def test_nothing_fitting_explores_and_a_variant_that_fits_is_the_answer() -> None:
     done = run_tuner(
         "profile", TARGET, "--device", "cpu", "--memory-limit", "290000",
@@ -54,6 +58,7 @@ def test_nothing_fitting_explores_and_a_variant_that_fits_is_the_answer() -> Non
     assert "micro batch 1 × 4 accumulation steps = global batch 4" in done.stdout
 
 
+@pytest.mark.slow
 def test_no_explore_keeps_to_the_workload_as_loaded() -> None:
     done = run_tuner(
         "profile", TARGET, "--device", "cpu", "--memory-limit", "460000", "--no-explore",
@@ -63,6 +68,7 @@ def test_no_explore_keeps_to_the_workload_as_loaded() -> None:
     assert "Variants" not in done.stdout
 
 
+@pytest.mark.slow
 def test_explore_json_on_the_gpt_example_picks_the_fastest_and_keeps_b_exact() -> None:
     done = run_tuner(
         "profile", "examples.gpt:workload", *SMALL_GPT, "--device", "cpu",
@@ -100,6 +106,7 @@ def test_explore_json_on_the_gpt_example_picks_the_fastest_and_keeps_b_exact() -
     assert blocks["blocks.0"] > 0
 
 
+@pytest.mark.slow
 def test_explore_without_declared_variants_is_refused_before_probing() -> None:
     done = run_tuner(
         "profile", "tests.workloads:tiny", "--device", "cpu", "--memory-limit", "1MiB",

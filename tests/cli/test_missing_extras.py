@@ -88,6 +88,7 @@ def test_profile_without_torch(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_hugging_face_workloads_without_transformers(tmp_path: Path) -> None:
     result = run_without(
         ("transformers",),

@@ -55,6 +55,7 @@ class _Capture:
         self.out, self.err = self._out.getvalue(), self._err.getvalue()
 
 
+@pytest.mark.slow
 def test_one_profile_per_length_is_stored_as_one_family(
     stored: tuple[dict[str, Any], Path],
 ) -> None:
@@ -74,6 +75,7 @@ def test_one_profile_per_length_is_stored_as_one_family(
     ]
 
 
+@pytest.mark.slow
 def test_each_length_gets_bisections_answer_in_few_probes(
     stored: tuple[dict[str, Any], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -105,6 +107,7 @@ def test_the_fit_is_in_the_json(stored: tuple[dict[str, Any], Path]) -> None:
     assert 0 <= fit["max_relative_error"] < 0.05
 
 
+@pytest.mark.slow
 def test_the_table_the_fit_the_family_and_how_to_ask_for_another_length(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -174,6 +177,7 @@ def failing_at_long_lengths(seq_len: int) -> Workload:
     return built
 
 
+@pytest.mark.slow
 def test_a_workload_error_at_a_later_length_exits_1_with_its_traceback(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

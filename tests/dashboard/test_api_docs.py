@@ -101,6 +101,7 @@ def operations(server: ServerThread) -> list[tuple[str, str]]:
     ]
 
 
+@pytest.mark.slow
 def test_swagger_ui_renders_every_operation_offline(
     offline: Offline, docs_service: ServerThread
 ) -> None:

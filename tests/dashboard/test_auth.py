@@ -131,6 +131,7 @@ def test_public_reads_open_every_page_without_a_token(
     public_tab.page.wait_for_selector("#calc-answer[data-state=done]")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signed", ["read token", "public"])
 def test_the_dashboard_offers_no_write_and_a_read_token_cannot_write(
     signed: str, request: pytest.FixtureRequest, database: Database, reader: str

@@ -218,6 +218,7 @@ def probe_ids(store: Store, profile: str, *, error: bool) -> set[int]:
 # Failures
 
 
+@pytest.mark.slow
 @BOTH_STORES
 def test_the_failures_page_lists_each_kind_newest_first(tab: Tab, failing: Store) -> None:
     page = tab.open("/failures")
@@ -263,6 +264,7 @@ def test_the_failures_page_lists_each_kind_newest_first(tab: Tab, failing: Store
     tab.screenshot("failures")
 
 
+@pytest.mark.slow
 @BOTH_STORES
 def test_the_failures_filters_narrow_and_live_in_the_url(tab: Tab, failing: Store) -> None:
     page = tab.open("/failures")
@@ -343,6 +345,7 @@ def test_the_failures_page_in_pages(
     assert "past the end" in page.locator("#failures").inner_text()
 
 
+@pytest.mark.slow
 def test_every_page_links_the_failures(tab: Tab, failing: Store) -> None:
     for path in (
         "/",
@@ -527,6 +530,7 @@ def test_a_profile_of_another_project_is_not_found_on_the_compare_page(
 # Copy as `tuner recommend`
 
 
+@pytest.mark.slow
 def test_copy_as_tuner_recommend_gives_the_same_answer(
     tab: Tab, failing: Store, tmp_path: Path
 ) -> None:

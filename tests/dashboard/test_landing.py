@@ -198,6 +198,7 @@ def ask(page: Page, **fields: str) -> None:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fleet", ["sqlite", "postgres"], indirect=True)
 def test_the_landing_page_answers_as_the_api_does(tab: Tab, fleet: Fleet) -> None:
     gpu = fleet.gpu
@@ -328,6 +329,7 @@ def test_every_list_header_and_menu_names_the_run(tab: Tab, fleet: Fleet) -> Non
     assert page.locator("#run-badges").inner_text().split() == ["1", "process", "seq", "64"]
 
 
+@pytest.mark.slow
 def test_no_warning_is_dropped_and_the_oom_reads_one_number(tab: Tab, fleet: Fleet) -> None:
     gpu, cap = fleet.gpu, OOM_SETTLED
     phrase = f"out of memory reported in training: recommendations use at most {cap}"
@@ -394,6 +396,7 @@ def shot(page: Page, name: str, tab: Tab) -> None:
     page.screenshot(path=str(Path(SCREENSHOTS) / f"{name}-{tab.label}.png"), full_page=True)
 
 
+@pytest.mark.slow
 def test_every_page_fits_a_phone_and_an_unknown_path_is_a_page(tab: Tab, fleet: Fleet) -> None:
     ids = fleet.ids
     pages = [
@@ -542,6 +545,7 @@ def wait_for_field(page: Page, selector: str, value: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_another_workload_asks_at_its_own_world_size_and_mode(tab: Tab, fleet: Fleet) -> None:
     ids = fleet.ids
     # On the GPU profile's run (one process); then the DDP workload is chosen.

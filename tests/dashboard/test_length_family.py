@@ -88,6 +88,7 @@ def drawn(page: Page, name: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_a_family_charts_m_star_and_tokens_against_sequence_length(
     tab: Tab, database: Database, reader: str, by_length: dict[int, Profile]
 ) -> None:

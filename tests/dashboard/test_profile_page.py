@@ -232,6 +232,7 @@ def calculate(page: Page, global_batch: int, world: int, policy: str) -> None:
     page.wait_for_selector(f"#calc-api[href*='{wanted}']")
 
 
+@pytest.mark.slow
 def test_the_calculator_agrees_with_the_recommendation_api(
     tab: Tab, database: Database, reader: str, service: ServerThread
 ) -> None:

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
 from playwright.sync_api import Page
 from sqlalchemy import event
@@ -67,6 +68,7 @@ def test_an_empty_store_says_what_to_run(tab: Tab, reader: str, service: ServerT
         assert tab.open(path).locator(marker).count() == 1
 
 
+@pytest.mark.slow
 def test_filters_sorting_and_pages_work_and_agree_with_the_api(
     tab: Tab, database: Database, reader: str, service: ServerThread
 ) -> None:
@@ -190,6 +192,7 @@ def test_a_page_costs_the_same_statements_whatever_its_size(
     assert counts[200, "created"] <= 9, counts
 
 
+@pytest.mark.slow
 def test_a_thousand_profiles_list_is_interactive_within_a_second(
     tab: Tab, database: Database, reader: str, db_label: str
 ) -> None:

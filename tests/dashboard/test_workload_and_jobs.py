@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import update
 
 from api import models
@@ -26,6 +27,7 @@ from tests.dashboard.data import (
 from tests.services import ServerThread
 
 
+@pytest.mark.slow
 def test_a_workload_compares_devices_and_marks_estimates(
     tab: Tab, database: Database, reader: str, writer: str, service: ServerThread
 ) -> None:

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from api import models
 from api.db import Database
@@ -191,6 +192,7 @@ def test_series_differ_by_shape_dash_and_label_and_values_read_by_keyboard(
             assert cell == (f"{got} {basis}" if got is not None else "—")
 
 
+@pytest.mark.slow
 def test_the_mesh_workload_page_loads_quickly(tab: Tab, database: Database, reader: str) -> None:
     """The page for the six real mesh profiles: the server's time for the HTML (best of
     five) and the browser's, from navigation to the chart drawn. Printed; asserted

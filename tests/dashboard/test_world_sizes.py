@@ -9,6 +9,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from playwright.sync_api import Page
 
 from api.dashboard.format import fmt_bytes
@@ -72,6 +73,7 @@ def drawn(page: Page, device_id: int) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_m_star_against_world_size_per_mode_with_ranks(
     tab: Tab, database: Database, reader: str
 ) -> None:

@@ -146,6 +146,7 @@ def test_release_cached_empties_the_cache(fake: FakeAllocator) -> None:
     assert fake.empty_cache_calls == 1
 
 
+@pytest.mark.slow
 def test_a_probe_after_a_larger_one_reads_its_own_reserved_peak(fake: FakeAllocator) -> None:
     """The sequence a Prober runs (release, then track) for a large probe, then a small one.
     Without the release, the small probe's reserved peak is the large one's cached 60 GiB."""

@@ -122,6 +122,7 @@ def test_an_out_of_memory_on_one_rank_is_does_not_fit_for_all_and_the_search_goe
     assert profile.probes[-1].fits
 
 
+@pytest.mark.slow
 def test_the_dry_run_is_built_while_the_ranks_start_with_the_capacity_they_report(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -11,6 +11,7 @@ the search only."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
@@ -129,6 +130,7 @@ def test_the_model_search_takes_two_probes_where_the_predictions_are_exact() -> 
             assert sizes == [6, 7], family
 
 
+@pytest.mark.slow
 def test_a_step_fake_tensors_cannot_run_falls_back_to_the_probes() -> None:
     workload = gru_workload(item_in_loss=True)
     backend = CpuBackend(2**30)

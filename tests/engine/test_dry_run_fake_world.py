@@ -6,6 +6,8 @@ held by their coordinator."""
 
 from __future__ import annotations
 
+import pytest
+
 from tuner.core.parallel import Parallel
 from tuner.core.results import ProbeSettings
 from tuner.engine.backends import CpuBackend, make_backend
@@ -27,6 +29,7 @@ def mesh_mlp(tp: int = 2) -> Workload:
     return workload
 
 
+@pytest.mark.slow
 def test_the_dry_run_of_a_fake_world_predicts_its_probes_but_for_the_biases() -> None:
     workload = mesh_mlp()
     backend = CpuBackend(2**36)

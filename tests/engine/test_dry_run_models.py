@@ -86,6 +86,7 @@ CONVNEXT = {"model_type": "convnext", "image_size": 16, "hidden_sizes": [8, 16],
             "depths": [1, 1], "num_stages": 2, "drop_path_rate": 0.1}  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [VIT, CONVNEXT], ids=["vit", "convnext"])
 def test_a_coordinator_builds_models_that_read_values_while_built(
     config: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture

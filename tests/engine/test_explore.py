@@ -51,6 +51,7 @@ def test_a_workload_without_a_target_cannot_be_explored() -> None:
         explore(stack(), lambda w: profile_workload(w, backend), global_batch_size=8)
 
 
+@pytest.mark.slow
 def test_the_choice_is_the_fastest_measured_plan_and_keeps_the_global_batch_exact() -> None:
     backend = CpuBackend(LIMIT)
     workload = load_workload(TARGET)
@@ -129,6 +130,7 @@ def test_when_the_variant_as_loaded_does_not_fit_the_fastest_that_fits_is_chosen
     assert choose([_outcome("loaded", 0.0, None, fits=False)]) == (None, "no variant fits")
 
 
+@pytest.mark.slow
 def test_exploring_starts_by_itself_below_four_or_when_nothing_fits() -> None:
     short = profile_workload(load_workload(TARGET), CpuBackend(SHORT_LIMIT))
     assert 1 <= short.max_micro_batch_size < 4

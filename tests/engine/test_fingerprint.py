@@ -34,6 +34,7 @@ def test_key_is_stable_and_short() -> None:
     int(first, 16)  # hexadecimal
 
 
+@pytest.mark.slow
 def test_same_workload_gives_the_same_key_in_another_process() -> None:
     # The GPT example has a dict batch, tied weights and padding: the richest document.
     options = {"vocab": 64, "seq_len": 8, "dim": 16, "layers": 1, "heads": 2}

@@ -88,6 +88,7 @@ def test_continuing_needs_a_size_that_fits() -> None:
         continue_with_model(search, budget_bytes=50)
 
 
+@pytest.mark.slow
 def test_hinted_search_on_a_real_tiny_model_matches_bisection() -> None:
     """A real GPT block on the CPU backend with M* = 12: every guess lands on the same
     answer as bisection, and a right guess costs two probes."""

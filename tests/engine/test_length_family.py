@@ -123,6 +123,7 @@ def family() -> list[Profile]:
     )
 
 
+@pytest.mark.slow
 def test_one_profile_per_length_linked_as_a_family(family: list[Profile]) -> None:
     assert [p.workload.seq_len for p in family] == [16, 32, 64]
     keys = {p.workload.length_family for p in family}
@@ -132,6 +133,7 @@ def test_one_profile_per_length_linked_as_a_family(family: list[Profile]) -> Non
     assert keys == {length_family_key([gpt_document(128), gpt_document(256)])}
 
 
+@pytest.mark.slow
 def test_every_length_is_answered_exactly_as_bisection(family: list[Profile]) -> None:
     backend = make_backend("cpu", memory_limit_bytes=LIMIT)
     build = target_builder(GPT, SMALL)
@@ -168,6 +170,7 @@ def test_the_guess_never_exceeds_a_shorter_lengths_answer(family: list[Profile])
     assert guess_max_micro_batch([unbroken], 64) == shortest.max_micro_batch_size * 16 // 64
 
 
+@pytest.mark.slow
 def test_a_single_profile_knows_its_seq_len_and_no_family() -> None:
     workload = load_workload(GPT, {**SMALL, "seq_len": 16})
     profile = profile_workload(workload, make_backend("cpu", memory_limit_bytes=LIMIT), size_cap=4)

@@ -45,6 +45,7 @@ def scanned(request: pytest.FixtureRequest) -> tuple[str, Curves]:
     return request.param, scan_lengths(target, options, {16: 24, 32: 12, 64: 6})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("headroom", [0.0, 0.05])
 def test_every_budget_keeps_every_length_and_the_estimates_it_prints(
     scanned: tuple[str, Curves], headroom: float

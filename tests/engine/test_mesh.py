@@ -224,6 +224,7 @@ def test_a_step_that_reads_a_collectives_values_is_refused_in_a_fake_world() -> 
         )
 
 
+@pytest.mark.slow
 def test_a_fake_world_guards_its_first_probe_and_runs_no_probe_twice(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -279,6 +280,7 @@ def _fake_world_profile(tp: int, world_size: int = 16) -> Profile:
     )
 
 
+@pytest.mark.slow
 def test_a_fake_world_profile_is_measured_marked_and_keyed_like_a_real_one() -> None:
     profile = _fake_world_profile(2)
     assert profile.settings.simulated_ranks
@@ -304,6 +306,7 @@ def test_a_fake_world_profile_is_measured_marked_and_keyed_like_a_real_one() -> 
     assert not torch.distributed.is_initialized()  # the fake world is left behind
 
 
+@pytest.mark.slow
 def test_the_command_line_says_a_fake_worlds_numerics_are_not_trained() -> None:
     done = run_tuner(
         "profile", MLP, *(f"-o{k}={v}" for k, v in MLP_OPTIONS.items()),
@@ -331,6 +334,7 @@ def test_the_command_line_says_a_fake_worlds_numerics_are_not_trained() -> None:
     assert json.loads(as_json.stdout)["settings"]["simulated_ranks"] is True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
@@ -360,6 +364,7 @@ def test_mesh_arguments_that_cannot_run_are_refused_in_one_line(
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_llama_like_block_with_a_module_per_head_is_refused_in_one_line(
     tmp_path: Path,
 ) -> None:

@@ -258,6 +258,7 @@ def gc_disabled() -> Iterator[None]:
         gc.enable()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("gc_disabled")
 def test_twenty_out_of_memory_probes_leave_no_tensors_behind() -> None:
     workload = mlp()

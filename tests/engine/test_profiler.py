@@ -31,6 +31,7 @@ def example(name: str) -> tuple[Workload, int]:
     return load_workload(target, options), limit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_model_and_bisect_agree_and_the_answer_is_pinned_by_probes(name: str) -> None:
     profiles = {}
@@ -61,6 +62,7 @@ def test_the_answer_holds_when_probed_again_from_scratch() -> None:
         assert not prober(found + 1).fits
 
 
+@pytest.mark.slow
 def test_profile_describes_the_workload_the_device_and_the_fit() -> None:
     workload, limit = example("mlp")
     profile = profile_workload(workload, CpuBackend(limit), headroom=0.1, size_cap=2048)
@@ -105,6 +107,7 @@ class Recorder:
         self.events.append(("finished", result.micro_batch_size))
 
 
+@pytest.mark.slow
 def test_observer_hears_about_every_probe_in_order() -> None:
     recorder = Recorder()
     profile = profile_workload(tiny(), CpuBackend(10**8), size_cap=5, observer=recorder)

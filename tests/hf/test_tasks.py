@@ -86,6 +86,7 @@ CONVNEXT = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_model_transformers_cannot_checkpoint_has_no_checkpointing_variant(
     tmp_path: Path,
 ) -> None:

@@ -35,6 +35,7 @@ def client(tmp_path: Path) -> Iterator[TunerClient]:
         yield c
 
 
+@pytest.mark.slow
 def test_the_trainers_own_step_is_profiled_on_its_longest_sample(
     client: TunerClient, tmp_path: Path
 ) -> None:
@@ -92,6 +93,7 @@ def _hand_written_max(hf: Any) -> int:
     return profile_workload(workload, backend).max_micro_batch_size
 
 
+@pytest.mark.slow
 def test_checkpointing_the_arguments_ask_for_is_profiled_and_then_put_back(
     client: TunerClient, tmp_path: Path
 ) -> None:
@@ -110,6 +112,7 @@ def test_checkpointing_the_arguments_ask_for_is_profiled_and_then_put_back(
     assert not any(getattr(m, "gradient_checkpointing", False) for m in hf.model.modules())
 
 
+@pytest.mark.slow
 def test_the_length_column_the_trainer_samples_by_names_the_worst_case(
     client: TunerClient, tmp_path: Path
 ) -> None:

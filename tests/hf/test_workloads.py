@@ -158,6 +158,7 @@ def test_checkpointing_and_lora_change_what_is_trained() -> None:
     assert torch.isfinite(torch.tensor(report.loss))
 
 
+@pytest.mark.slow
 def test_a_model_instance_from_python_and_compiled() -> None:
     model = causal_lm(config=LLAMA, seq_len=16).model
     from_instance = workload(model=model, seq_len=16)

@@ -169,6 +169,7 @@ def test_the_stderr_tail_is_bounded() -> None:
     assert tail_of(io.BytesIO(b"")) == ""
 
 
+@pytest.mark.slow
 def test_the_device_is_described_in_a_subprocess() -> None:
     identity = describe_device("cpu", 64 * MiB)
     backend = make_backend("cpu", memory_limit_bytes=64 * MiB)
@@ -185,6 +186,7 @@ def test_a_jobs_world_size_and_parallel_mode_reach_the_command() -> None:
     assert "--parallel" not in command_for(settings={"world_size": 1, "parallel": None})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("device", "limit", "says"),
     [("cpu", None, "--memory-limit"), ("tpu", 64 * MiB, "unknown device 'tpu'")],
@@ -225,6 +227,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
+@pytest.mark.slow
 def test_the_command_line_refuses_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TUNER_URL", raising=False)
     missing = run_cli("--device", "cpu", "--memory-limit", "64MiB")
@@ -238,6 +241,7 @@ def test_the_command_line_refuses_bad_input(monkeypatch: pytest.MonkeyPatch) -> 
     assert "--memory-limit" in no_limit.stderr
 
 
+@pytest.mark.slow
 def test_a_worker_that_allows_nothing_does_not_start(monkeypatch: pytest.MonkeyPatch) -> None:
     """It would fail every job it claimed: better to say so once, at start."""
     monkeypatch.delenv("TUNER_WORKER_ALLOW", raising=False)
@@ -285,6 +289,7 @@ def test_an_unreachable_service_is_waited_for_until_stopped() -> None:
     assert any("cannot register yet, retrying" in m for m in messages)
 
 
+@pytest.mark.slow
 def test_a_run_ends_at_its_timeout_or_when_cancelled() -> None:
     sleeper = [
         sys.executable,
