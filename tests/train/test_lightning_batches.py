@@ -98,6 +98,9 @@ def test_every_optimizer_step_sees_the_exact_global_batch(
             assert "splits well" in said[0]
 
 
+# Whether the equal split of 64 is 10% slower than the answer depends on the timed rounds
+# (under load it was, once): not what this test is about.
+@pytest.mark.filterwarnings("ignore::tuner.train.integrations.EqualMicroBatchWarning")
 def test_one_call_without_a_server_keeps_the_profile_in_the_local_database(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
