@@ -174,6 +174,7 @@ def by_cli(service: Service, asked: dict[str, str], cache: str) -> Said:
 PLAN_FIELDS = set(Recommendation.model_fields)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=20,
     deadline=None,

@@ -13,6 +13,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from api import migrate
 from api.config import ServiceSettings
@@ -50,6 +51,7 @@ def _store_with_m_star_one(url: str) -> str:
     return reader
 
 
+@pytest.mark.slow
 def test_healthz_answers_within_100_ms_while_many_connections_ask_the_heaviest_question(
     sqlite_url: str,
 ) -> None:

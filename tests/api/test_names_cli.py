@@ -53,6 +53,7 @@ def test_names_answer_after_profiling_at_two_cpu_limits(
         assert answer["capacity_bytes"] == profile["device"]["capacity_bytes"]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("cli")
 def test_a_name_answers_the_chosen_variant_after_explore_upload(
     http: httpx.Client, capsys: pytest.CaptureFixture[str]

@@ -74,6 +74,7 @@ def service(migrated_url: str) -> Iterator[tuple[str, str]]:
         yield server.url, token
 
 
+@pytest.mark.slow
 @SQLITE
 def test_rank_zero_plans_and_every_rank_gets_the_same_plan_or_error(
     service: tuple[str, str], tmp_path: Path

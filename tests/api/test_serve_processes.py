@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from api.db import Database
 from tests.api.conftest import make_token
@@ -28,6 +29,7 @@ def _ask_on_new_connections(url: str, token: str, times: int) -> set[int]:
     return sizes
 
 
+@pytest.mark.slow
 def test_an_oom_reported_to_one_process_lowers_every_processs_answer(
     migrated_url: str, database: Database
 ) -> None:

@@ -15,6 +15,7 @@ from tuner.worker.loop import DeviceIdentity, Worker
 MEMORY_LIMIT = 64 * 2**20
 
 
+@pytest.mark.slow
 @pytest.mark.both_stores  # the embedded store over each kind of database URL
 def test_a_worker_over_a_database_url_profiles_and_refuses_through_the_embedded_store(
     migrated_url: str,

@@ -34,6 +34,7 @@ def test_a_tp_from_the_parallel_spec_is_the_plans_mesh() -> None:
     assert "13 samples a step × 2 data-parallel groups of 2 ranks = global batch 26" in out
 
 
+@pytest.mark.slow
 def test_a_global_batch_the_groups_cannot_share_is_refused_before_probing() -> None:
     done = run_tuner(
         "profile", MESH_MLP, *OPTIONS, *TP_FROM_THE_SPEC, "--global-batch-size", "27"

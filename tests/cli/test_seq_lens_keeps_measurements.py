@@ -22,6 +22,7 @@ PRINTED = re.compile(
 )
 
 
+@pytest.mark.slow
 def test_the_reported_command_keeps_every_length_and_its_recommend_line_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from api import models
 from api.db import Database
 from tests.core.test_mesh_worlds import load
@@ -37,6 +39,7 @@ def _estimated(profiles: list[Profile], world_size: int, tp: int) -> int | None:
         return None
 
 
+@pytest.mark.slow
 def test_the_mesh_tells_runs_apart_on_every_page(tab: Tab, database: Database, reader: str) -> None:
     profiles = {shape: load(*shape) for shape in ORDER}
     ids = dict(zip(ORDER, _store_each(database, list(profiles.values())), strict=True))

@@ -5,6 +5,7 @@ quotes no speed, as the API's answer does not) and the world-size chart."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from api.db import Database
 from tests.api.test_simulated_answers import fake_world
@@ -13,6 +14,7 @@ from tests.dashboard.data import store
 from tests.services import ServerThread
 
 
+@pytest.mark.slow
 def test_the_dashboard_marks_a_fake_world_everywhere(
     tab: Tab, database: Database, reader: str, service: ServerThread
 ) -> None:

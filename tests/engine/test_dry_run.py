@@ -71,6 +71,7 @@ def families() -> dict[str, Workload]:
     }
 
 
+@pytest.mark.slow
 def test_the_dry_run_predicts_every_probe_within_what_its_tracker_cannot_see() -> None:
     for family, workload in families().items():
         backend = CpuBackend(2**40)
@@ -116,6 +117,7 @@ def test_the_dry_run_leaves_the_model_optimizer_and_rng_alone() -> None:
     assert workload.optimizer is optimizer
 
 
+@pytest.mark.slow
 def test_the_model_search_takes_two_probes_where_the_predictions_are_exact() -> None:
     """Aimed by exact predictions: M* fits and M* + 1 does not. Without the dry run the
     searches start at size 1 and take three probes or more. The convolution's predictions

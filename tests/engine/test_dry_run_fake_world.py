@@ -50,6 +50,7 @@ def test_the_dry_run_of_a_fake_world_predicts_its_probes_but_for_the_biases() ->
             assert predicted.footprint_bytes == measured.footprint_bytes + biases, size
 
 
+@pytest.mark.slow
 def test_a_fake_world_search_aims_at_its_predicted_boundary() -> None:
     """Without predictions this search starts at size 1 and takes 12 probes."""
     profile = profile_fake_world(
@@ -67,6 +68,7 @@ def test_a_fake_world_search_aims_at_its_predicted_boundary() -> None:
     assert abs(sizes[0] - m_star) <= 1, sizes
 
 
+@pytest.mark.slow
 def test_fsdp_ranks_search_from_the_predicted_boundary() -> None:
     """Aimed by one process's step calibrated on size 1, this search took 4 probes."""
     profile = profile_distributed(

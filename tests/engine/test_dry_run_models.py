@@ -46,6 +46,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", list(CASES))
 def test_the_dry_run_predicts_transformers_models_within_what_it_cannot_see(model: str) -> None:
     task, config = CASES[model]

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import subprocess_env
 
 COUNT_EVERY_THREAD = """
@@ -68,6 +70,7 @@ def _run(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[s
     )
 
 
+@pytest.mark.slow
 def test_every_allocation_and_free_is_counted_on_every_thread_to_the_byte(
     tmp_path: Path,
 ) -> None:

@@ -54,6 +54,7 @@ def _rank_stderr(tmp_path: Path, mode: str) -> str:
     return done.stderr
 
 
+@pytest.mark.slow
 def test_a_cpu_rank_starts_without_the_profilers_messages(tmp_path: Path) -> None:
     loud = _rank_stderr(tmp_path, "loud")
     assert "USDT" in loud  # what a rank printed before

@@ -52,6 +52,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TunerClient]:
         yield client
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [251, 254, 256])
 def test_every_optimizer_step_sees_the_exact_global_batch(
     store: TunerClient, tmp_path: Path, batch: int
