@@ -201,7 +201,11 @@ def test_the_mesh_workload_page_loads_quickly(tab: Tab, database: Database, read
     store(database, profiles)
     workload_id, device_id = _ids(database, profiles[0].workload_key, profiles[0].device_key)
     path = f"/workloads/{workload_id}"
-    with httpx.Client(base_url=tab.base_url, cookies={"tuner_token": reader}) as client:
+    # The client's own timeout is generous (httpx's default 5 s failed on a busy machine):
+    # the bound under test is the assertion's, stretched by load.
+    with httpx.Client(
+        base_url=tab.base_url, cookies={"tuner_token": reader}, timeout=scaled(60)
+    ) as client:
         client.get(path)  # the first request opens the database's connections
         server = []
         for _ in range(5):

@@ -4,6 +4,7 @@ on attention, convolutional and recurrent models, and steps aside where it canno
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
