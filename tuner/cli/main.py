@@ -9,6 +9,8 @@ Exit statuses: 0 done, 1 failed (the workload raised, the service refused), 2 ba
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import sys
 from collections.abc import Sequence
 from importlib import import_module
@@ -58,6 +60,12 @@ def build_parser(found: dict[str, Command] | None = None) -> argparse.ArgumentPa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # A process that loaded torch spends over a second at exit in the interpreter's last
+    # garbage collection, walking torch's objects (1.6 s measured on a busy 2-core machine;
+    # 0.5 s with them frozen first). Nothing the command leaves needs that collection: its
+    # files, connections and consoles are closed or flushed where they are used.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
     found = commands()
     args = build_parser(found).parse_args(argv)
     stderr = Console(stderr=True)

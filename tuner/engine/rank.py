@@ -13,11 +13,12 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.connection
 import os
+import sys
 import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from tuner.core.errors import BadInputError, WorkloadError
 from tuner.core.parallel import Parallel
@@ -114,6 +115,19 @@ def rank_main(rank: int, request: RankRequest, conn: multiprocessing.connection.
         _send(conn, rank_error(exc))
     finally:
         conn.close()
+    _leave()
+
+
+def _leave() -> NoReturn:
+    """End the rank's process now that it has answered and left the process group.
+
+    The interpreter's own teardown of a process that loaded torch spends seconds (measured:
+    2.8 s for a gloo rank on a busy 2-core machine, 4 s with a model loaded) collecting
+    torch's objects, and the coordinator waits for every rank to leave before it answers;
+    nothing of a rank's needs that teardown (its results went through the pipe)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _serve(rank: int, request: RankRequest, conn: multiprocessing.connection.Connection) -> None:
