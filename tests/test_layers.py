@@ -9,6 +9,7 @@ happens to execute it."""
 from __future__ import annotations
 
 import ast
+import functools
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +80,18 @@ def _imported(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[in
                 yield node.lineno, f"{base}.{alias.name}" if base else alias.name
 
 
+@functools.cache
+def _imports_in(source: str, module: str, is_package: bool) -> tuple[tuple[int, str], ...]:
+    """``_imported`` of a module's source, parsed once per source text: the tests below
+    check copies of the whole tree that differ from it by one file, and walking every
+    module's syntax tree again for each of them was most of their time."""
+    return tuple(_imported(ast.parse(source), module, is_package))
+
+
+def _imports_of_file(path: Path, module: str) -> tuple[tuple[int, str], ...]:
+    return _imports_in(path.read_text(), module, path.name == "__init__.py")
+
+
 def violations(root: Path) -> list[str]:
     """One line per forbidden import in the ``tuner`` and ``api`` packages under ``root``."""
     found = []
@@ -87,8 +100,7 @@ def violations(root: Path) -> list[str]:
         layer = layer_of(module)
         if layer is None:
             continue  # the facade itself
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for line, target in _imported(tree, module, path.name == "__init__.py"):
+        for line, target in _imports_of_file(path, module):
             if target.split(".")[0] not in OURS:
                 continue
             target_layer = layer_of(target)
@@ -107,8 +119,7 @@ def imports_of(root: Path, package: str, forbidden: str) -> list[tuple[str, str]
     found = []
     for path in sorted((root / package).glob("**/*.py")):
         module = _module_name(path, root)
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for line, target in _imported(tree, module, path.name == "__init__.py"):
+        for line, target in _imports_of_file(path, module):
             if target.partition(".")[0] == forbidden:
                 found.append((f"{path.relative_to(root)}:{line}", target))
     return found
@@ -143,9 +154,8 @@ def import_graph(root: Path) -> dict[str, dict[str, int]]:
     }
     graph: dict[str, dict[str, int]] = {}
     for module, path in paths.items():
-        tree = ast.parse(path.read_text(), filename=str(path))
         edges = graph.setdefault(module, {})
-        for line, target in _imported(tree, module, path.name == "__init__.py"):
+        for line, target in _imports_of_file(path, module):
             while target and target not in paths:
                 target = target.rpartition(".")[0]
             if target and target != module:
