@@ -115,13 +115,16 @@ def _mesh(tp: int, plan: str = "workload", **options: object) -> Parallel:
 @pytest.mark.parametrize(
     "case",
     [
+        # Two ranks where two show the shape (tensor parallelism alone, FSDP alone): each
+        # rank started imports torch, most of a case's time; bench/distributed.py --mesh
+        # compares the shapes of four ranks.
         Case(MLP, MLP_OPTIONS, _mesh(2), 4),  # 2 × 2
-        Case(MLP, MLP_OPTIONS, _mesh(4), 4),  # 1 × 4
-        Case(MLP, MLP_OPTIONS, _mesh(1), 4),  # 4 × 1: FSDP alone, the plan at degree 1
+        Case(MLP, MLP_OPTIONS, _mesh(2), 2),  # 1 × 2
+        Case(MLP, MLP_OPTIONS, _mesh(1), 2),  # 2 × 1: FSDP alone, the plan at degree 1
         Case(LLAMA, LLAMA_OPTIONS, _mesh(2, "llama"), 2),  # 1 × 2
         Case(LLAMA, LLAMA_OPTIONS, _mesh(2, "llama", sequence_parallel=True), 2),
     ],
-    ids=["mlp-2x2", "mlp-1x4", "mlp-4x1", "llama-1x2", "llama-1x2-sequence-parallel"],
+    ids=["mlp-2x2", "mlp-1x2", "mlp-2x1", "llama-1x2", "llama-1x2-sequence-parallel"],
 )
 def test_a_fake_world_measures_the_peak_the_real_ranks_measure(case: Case) -> None:
     real = _real_peaks(case)
@@ -156,43 +159,51 @@ def test_tensor_parallelism_shrinks_each_ranks_peak_in_worlds_beyond_the_machine
 
 
 @pytest.mark.slow
-# StableLM's attention reshapes to the heads it counts (Llama's to -1): the plan sets its
-# counts to each rank's share (before, a RuntimeError from the first view).
-@pytest.mark.parametrize("model", ["llama", "stablelm"])
-def test_the_llama_plan_computes_the_loss_one_process_computes(tmp_path: Path, model: str) -> None:
+def test_the_llama_plan_computes_the_loss_one_process_computes(tmp_path: Path) -> None:
     """The named plan splits attention heads and the MLP without changing the numbers: on
-    two real ranks (1 × 2), the loss of the first step equals one process's."""
-    options = {**LLAMA_OPTIONS, "config": str(LLAMA_CONFIG.with_name(f"tiny_{model}.json"))}
+    two real ranks (1 × 2), with and without sequence parallelism, the loss of the first
+    step equals one process's. Llama reshapes to -1 heads; StableLM's attention reshapes
+    to the heads it counts, which the plan sets to each rank's share (before, a
+    RuntimeError from the first view). One pair of ranks runs every case, one after the
+    other on the same process group: starting ranks is most of the time."""
+    configs = {
+        model: {**LLAMA_OPTIONS, "config": str(LLAMA_CONFIG.with_name(f"tiny_{model}.json"))}
+        for model in ("llama", "stablelm")
+    }
     code = f"""
 import json, os, torch, torch.distributed as dist, torch.multiprocessing as mp
 from tuner.core.parallel import Parallel
 from tuner.engine.parallel import parallelize
 from tuner.engine.workload import load_workload
-OPTIONS = {json.dumps(options)}
-def loss(parallel):
-    workload = load_workload("{LLAMA}", OPTIONS)
+CONFIGS = {json.dumps(configs)}
+def loss(options, parallel):
+    workload = load_workload("{LLAMA}", options)
     workload.parallel = parallel
     module = parallelize(workload, parallel, torch.device("cpu"))
     return workload.loss_fn(module, workload.make_batch(3)).item()
-def rank(r, sp, out):
+def rank(r, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
     dist.init_process_group("gloo", rank=r, world_size=2)
-    value = loss(Parallel(mode="fsdp", tp=2, tp_plan="llama", sequence_parallel=sp))
-    if r == 0:
-        out.put(value)
+    for name, options in CONFIGS.items():
+        for sp in (False, True):
+            plan = Parallel(mode="fsdp", tp=2, tp_plan="llama", sequence_parallel=sp)
+            value = loss(options, plan)
+            if r == 0:
+                out.put([name, sp, value])
     dist.destroy_process_group()
     # Past its result, a rank leaves without the interpreter's teardown, where gloo's
     # threads abort a process now and then (std::terminate; 1 run in 10 here).
     os._exit(0)
 if __name__ == "__main__":
     import socket
-    alone = loss(Parallel())
-    for sp in (False, True):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0)); os.environ["PORT"] = str(s.getsockname()[1])
-        out = mp.get_context("spawn").SimpleQueue()
-        mp.start_processes(rank, args=(sp, out), nprocs=2, start_method="spawn")
-        print(json.dumps([alone, out.get()]))
+    alone = {{name: loss(options, Parallel()) for name, options in CONFIGS.items()}}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); os.environ["PORT"] = str(s.getsockname()[1])
+    out = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(rank, args=(out,), nprocs=2, start_method="spawn")
+    for _ in range(2 * len(CONFIGS)):
+        name, sp, value = out.get()
+        print(json.dumps([name, sp, alone[name], value]))
 """
     script = tmp_path / "llama_ranks.py"
     script.write_text(code)
@@ -206,9 +217,12 @@ if __name__ == "__main__":
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    for line in done.stdout.strip().splitlines():
-        alone, split = json.loads(line)
-        assert split == pytest.approx(alone, rel=1e-5)
+    cases = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert {(name, sp) for name, sp, _, _ in cases} == {
+        (model, sp) for model in configs for sp in (False, True)
+    }
+    for name, sp, alone, split in cases:
+        assert split == pytest.approx(alone, rel=1e-5), (name, sp)
 
 
 def test_a_step_that_reads_a_collectives_values_is_refused_in_a_fake_world() -> None:
@@ -224,12 +238,11 @@ def test_a_step_that_reads_a_collectives_values_is_refused_in_a_fake_world() -> 
         )
 
 
-@pytest.mark.slow
-def test_a_fake_world_guards_its_first_probe_and_runs_no_probe_twice(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The guard against collective values rides on the search's first probe (where the
-    dry run aims it), which was run twice before: once guarded at size 1, once measured."""
+@pytest.fixture(scope="module")
+def fake_world_at_tp2() -> tuple[Profile, list[tuple[int, bool]]]:
+    """A fake-world profile at 8 × 2, and each size the search probed with whether the
+    guard against collective values was on (the tests below share it: each profile asks
+    the dry run about many sizes, a step on fake tensors each)."""
     sizes: list[tuple[int, bool]] = []
     call = Prober.__call__
 
@@ -242,8 +255,18 @@ def test_a_fake_world_guards_its_first_probe_and_runs_no_probe_twice(
             sizes.append((size, guarded))
         return call(self, size, **kwargs)
 
-    monkeypatch.setattr(Prober, "__call__", recording)
-    profile = _fake_world_profile(2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Prober, "__call__", recording)
+        return _fake_world_profile(2), sizes
+
+
+@pytest.mark.slow
+def test_a_fake_world_guards_its_first_probe_and_runs_no_probe_twice(
+    fake_world_at_tp2: tuple[Profile, list[tuple[int, bool]]],
+) -> None:
+    """The guard against collective values rides on the search's first probe (where the
+    dry run aims it), which was run twice before: once guarded at size 1, once measured."""
+    profile, sizes = fake_world_at_tp2
     assert [size for size, _ in sizes] == [p.micro_batch_size for p in profile.probes]
     assert sizes[0][1] is True
     assert not any(guarded for _, guarded in sizes[1:])
@@ -281,8 +304,10 @@ def _fake_world_profile(tp: int, world_size: int = 16) -> Profile:
 
 
 @pytest.mark.slow
-def test_a_fake_world_profile_is_measured_marked_and_keyed_like_a_real_one() -> None:
-    profile = _fake_world_profile(2)
+def test_a_fake_world_profile_is_measured_marked_and_keyed_like_a_real_one(
+    fake_world_at_tp2: tuple[Profile, list[tuple[int, bool]]],
+) -> None:
+    profile, _ = fake_world_at_tp2
     assert profile.settings.simulated_ranks
     assert (profile.world_size, profile.parallel.tp) == (16, 2)
     assert profile.max_micro_batch_size > 0
