@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
@@ -21,6 +23,13 @@ settings.load_profile("repo")
 # every operator waits for it (measured: 3 s instead of 0.03 s per CNN probe). Memory
 # peaks do not depend on the thread count, so the tests run torch on one thread.
 torch.set_num_threads(1)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker more than the cores this process may use, at most 4. Much of
+    the suite waits (on servers, rank processes, browsers and the subprocesses it starts),
+    and a third worker on two cores runs while the others wait."""
+    return min(4, len(os.sched_getaffinity(0)) + 1)
 
 
 @pytest.fixture(autouse=True)
