@@ -3,12 +3,15 @@ sends, within the schema or not, the service never answers with a server error."
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
+from schemathesis.schemas import APIOperation
 
 from api import migrate
 from api.config import ServiceSettings
@@ -35,28 +38,57 @@ def fuzzed_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S
         yield server, token
 
 
-@pytest.mark.slow
-def test_no_input_produces_a_server_error(fuzzed_service: tuple[ServerThread, str]) -> None:
-    # Driven by hand rather than through schemathesis' pytest plugin, which does not run
-    # under this pytest; every operation still gets its own Hypothesis search.
-    server, token = fuzzed_service
+def _operation_labels() -> list[str]:
+    """Every operation of the schema (``GET /api/v1/recommendation``, ...), read from the
+    app itself so that each is a test of its own, which the workers share out."""
+    with tempfile.TemporaryDirectory() as folder:
+        app = create_app(ServiceSettings(database_url=f"sqlite:///{folder}/tuner.db"))
+        schema = schemathesis.openapi.from_dict(app.openapi())
+    return [result.ok().label for result in schema.get_all_operations()]
+
+
+LABELS = _operation_labels()
+
+
+@pytest.fixture(scope="module")
+def operations(fuzzed_service: tuple[ServerThread, str]) -> dict[str, APIOperation]:
+    """The operations as the running service's own schema describes them."""
+    server, _ = fuzzed_service
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
-    operations = [result.ok() for result in schema.get_all_operations()]
+    return {operation.label: operation for operation in map(_ok, schema.get_all_operations())}
+
+
+def _ok(result: Any) -> APIOperation:
+    operation: APIOperation = result.ok()
+    return operation
+
+
+def test_every_route_is_fuzzed(operations: dict[str, APIOperation]) -> None:
     assert len(operations) >= 15  # every route is in the schema
-    for operation in operations:
+    assert sorted(operations) == sorted(LABELS)
 
-        @given(case=operation.as_strategy())
-        @settings(
-            max_examples=40,
-            deadline=None,
-            database=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", LABELS)
+def test_no_input_produces_a_server_error(
+    fuzzed_service: tuple[ServerThread, str], operations: dict[str, APIOperation], label: str
+) -> None:
+    # Driven by hand rather than through schemathesis' pytest plugin, which does not run
+    # under this pytest; every operation gets its own Hypothesis search.
+    server, token = fuzzed_service
+
+    @given(case=operations[label].as_strategy())
+    @settings(
+        max_examples=40,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    def never_a_server_error(case: schemathesis.Case) -> None:
+        case.call_and_validate(
+            base_url=server.url,
+            headers={"Authorization": f"Bearer {token}"},
+            checks=[not_a_server_error],
         )
-        def never_a_server_error(case: schemathesis.Case) -> None:
-            case.call_and_validate(
-                base_url=server.url,
-                headers={"Authorization": f"Bearer {token}"},
-                checks=[not_a_server_error],
-            )
 
-        never_a_server_error()
+    never_a_server_error()
