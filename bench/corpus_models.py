@@ -188,14 +188,8 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
 # A mixture of experts (top-2 of 4 experts a token, each a gated MLP) and a state-space
 # model (Mamba: no attention, a selective scan; transformers' own PyTorch path on the CPU).
 HF_CONFIGS["mixtral"] = {
+    **HF_CONFIGS["qwen2"],
     "model_type": "mixtral",
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
     "num_local_experts": 4,
     "num_experts_per_tok": 2,
 }
