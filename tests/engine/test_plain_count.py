@@ -108,6 +108,8 @@ def probed(backend: CpuBackend, size: int) -> int:
     return peak
 
 
+# The tests on these peaks are marked slow: torch.profiler's first start in a process (the
+# independent count) takes about 5 s on the shared 2-core machine.
 @pytest.fixture(scope="module")
 def peaks() -> dict[int, tuple[int, int, int]]:
     """Per size: the plain training step's peak, the probe's, and the tracker's."""
@@ -119,6 +121,7 @@ def peaks() -> dict[int, tuple[int, int, int]]:
     }
 
 
+@pytest.mark.slow
 def test_the_probe_counts_the_training_steps_peak_to_the_byte(
     peaks: dict[int, tuple[int, int, int]],
 ) -> None:
@@ -132,6 +135,7 @@ def test_the_probe_counts_the_training_steps_peak_to_the_byte(
         assert mode - trained > size * WIDTH * 4 * 0.9, size
 
 
+@pytest.mark.slow
 def test_m_star_is_the_largest_size_whose_training_step_fits(
     peaks: dict[int, tuple[int, int, int]],
 ) -> None:
@@ -181,6 +185,9 @@ def test_cuda_refuses_to_measure_a_step_under_a_mode(mocked_cuda: CudaBackend) -
         pass  # a step gathering details may run under one
 
 
+# Slow: 3-4 s on the shared 2-core machine (a whole probe, its detail step and the
+# backend's garbage collections; 12 s where it builds the process's first AdamW).
+@pytest.mark.slow
 def test_no_mode_or_hook_is_active_in_the_measured_steps_on_cuda(
     mocked_cuda: CudaBackend,
 ) -> None:
