@@ -1,7 +1,8 @@
 """Models the project was not written around, for ``bench/corpus.py``.
 
 Transformers architectures come as tiny configs (two layers, width 64: nothing is
-downloaded, the weights are random) for ``tuner.hf``'s factories, as a user would pass
+downloaded, the weights are random; a mixture of experts, Mixtral, and a state-space
+model, Mamba, among them) for ``tuner.hf``'s factories, as a user would pass
 ``-o config=config.json``. The convolutional and recurrent models are written here:
 torchvision's wheels for this torch (0.28.0, ``torch==2.13.0``) load their operators only
 against the CUDA build of torch (``operator torchvision::nms does not exist`` on the CPU
@@ -184,6 +185,23 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 # BERT's and BART's shapes under other names (their own embeddings, attention and losses).
+# A mixture of experts (top-2 of 4 experts a token, each a gated MLP) and a state-space
+# model (Mamba: no attention, a selective scan; transformers' own PyTorch path on the CPU).
+HF_CONFIGS["mixtral"] = {
+    **HF_CONFIGS["qwen2"],
+    "model_type": "mixtral",
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+}
+HF_CONFIGS["mamba"] = {
+    "model_type": "mamba",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "state_size": 16,
+    "num_hidden_layers": 2,
+    "expand": 2,
+    "conv_kernel": 4,
+}
 HF_CONFIGS["roberta"] = {**HF_CONFIGS["bert"], "model_type": "roberta"}
 HF_CONFIGS["deberta_v2"] = {**HF_CONFIGS["bert"], "model_type": "deberta-v2"}
 HF_CONFIGS["mbart"] = {**HF_CONFIGS["bart"], "model_type": "mbart"}

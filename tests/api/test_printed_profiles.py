@@ -27,7 +27,7 @@ DDP_GPT = ["examples.gpt:workload", "-o", "layers=1", "-o", "dim=64", "-o", "hea
            "vocab=2048", "-o", "seq_len=8", "--memory-limit", "6MiB", "--max", "16"]  # fmt: skip
 DDP = [*DDP_GPT, "--world-size", "2", "--parallel", "ddp", "--no-explore"]
 # Nothing fits as loaded; only checkpointing with bf16 fits one sample (test_explore_cli.py).
-STACK = ["tests.variant_workloads:stack", "--memory-limit", "290000"]
+STACK = ["tests.variant_workloads:activations_heavy", "--memory-limit", "1000000"]
 LENGTHS_GPT = ["examples.gpt:workload", "-o", "vocab=64", "-o", "dim=16", "-o", "layers=1",
                "-o", "heads=2", "--memory-limit", "1MiB", "--seq-lens", "64,16,32"]  # fmt: skip
 

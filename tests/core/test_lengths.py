@@ -1,6 +1,7 @@
 """Peak memory across sequence lengths: the fit ``a₀ + a₁·s + b·m·s + c·m·s²`` (torch-free)
 on exact synthetic peaks, with and without the quadratic term, and the estimates it
-allows between and just beyond measured lengths."""
+allows between and just beyond measured lengths; on a curve with a term the fit lacks,
+estimates at most the truth (the fit's error learned by leaving each point out) or none."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import pytest
 
 from tests.api.documents import MiB, profile_with_peaks
 from tuner.core.errors import BadInputError
-from tuner.core.lengths import EXTRAPOLATION, estimate_length, fit_lengths
+from tuner.core.lengths import (
+    EXTRAPOLATION,
+    estimate_length,
+    fit_length_profiles,
+    fit_lengths,
+    held_out_error,
+)
 from tuner.core.parallel import Parallel
 from tuner.core.results import Profile
 from tuner.core.shape import MeshShape
@@ -111,3 +118,73 @@ def test_profiles_at_two_mesh_shapes_of_one_world_size_are_not_fitted_together()
     assert [p.mesh for p in profiles] == [MeshShape(4), MeshShape(4, 2)]
     with pytest.raises(BadInputError, match="differ in device, budget or mesh shape"):
         estimate_length(profiles, [128, 256], 200)
+
+
+# A curve with a term the fit lacks (m·s³): exact through as many points as it has terms,
+# wrong between them, as XLM-RoBERTa's was (a residual of 1e-15, 7 answered where 6 fit).
+CUBE = 0.05
+
+
+def cubic_peak(m: int, s: int, cube: float = CUBE) -> int:
+    return int(peak(m, s) + cube * m * s**3)
+
+
+def cubic_max(s: int, cube: float = CUBE) -> int:
+    return max(m for m in range(1, 5000) if cubic_peak(m, s, cube) <= BUDGET)
+
+
+def cubic_profile(s: int, sizes: set[int], cube: float = CUBE) -> Profile:
+    best = cubic_max(s, cube)
+    peaks = {m: cubic_peak(m, s, cube) for m in sizes | {best}}
+    return profile_with_peaks(best, peaks, BUDGET, size_cap=4096)
+
+
+def test_a_fit_through_every_point_knows_no_error_and_estimates_nothing() -> None:
+    lengths = [64, 128, 256]
+    # Two peaks at the first length, one at each later one (a right guess): four points,
+    # four terms.
+    profiles = [
+        cubic_profile(64, {(cubic_max(64) + 1) // 2}),
+        cubic_profile(128, set()),
+        cubic_profile(256, set()),
+    ]
+    fit = fit_length_profiles(profiles, lengths)
+    assert fit.points == 4
+    assert fit.max_relative_error < 1e-9  # through every point...
+    assert fit.held_out_error is None  # ... and no point can be left out of it
+    # Its residual as the margin would answer above the truth between the lengths.
+    per_sample, fixed = fit.per_sample_bytes(160), fit.predict(0, 160)
+    assert int((BUDGET - fixed) // per_sample) > cubic_max(160)
+    for seq_len in (96, 160, 192, 300):
+        with pytest.raises(BadInputError, match="cannot know its error") as caught:
+            estimate_length(profiles, lengths, seq_len)
+        assert f"--seq-lens {','.join(map(str, sorted({*lengths, seq_len})))}" in str(caught.value)
+
+
+@pytest.mark.parametrize("cube", [CUBE, 0.1, -0.004])
+def test_with_a_term_the_fit_lacks_every_estimate_is_at_most_the_truth(cube: float) -> None:
+    lengths = [64, 128, 256]
+    # Two peaks at every length (what --seq-lens measures now: one more probe at a
+    # length that has one, where the fit would not know its error).
+    profiles = [cubic_profile(s, {(cubic_max(s, cube) + 1) // 2}, cube) for s in lengths]
+    fit = fit_length_profiles(profiles, lengths)
+    assert fit.held_out_error is not None
+    assert fit.error_bound == max(fit.max_relative_error, fit.held_out_error)
+    assert fit.held_out_error > fit.max_relative_error
+    for seq_len in range(40, int(256 * EXTRAPOLATION) + 1, 8):
+        answer = estimate_length(profiles, lengths, seq_len)
+        assert answer.max_micro_batch_size <= cubic_max(seq_len, cube), seq_len
+        if answer.basis == "estimated":
+            assert f"within {fit.error_bound:.1%}" in answer.describe()
+
+
+def test_held_out_error_is_the_worst_prediction_of_a_point_left_out() -> None:
+    points = [(m, s, cubic_peak(m, s)) for s in (64, 128, 256) for m in (4, 8)]
+    worst = 0.0
+    for index, (m, s, y) in enumerate(points):
+        others = fit_lengths([*points[:index], *points[index + 1 :]])
+        worst = max(worst, abs(others.predict(m, s) - y) / y)
+    assert held_out_error(points) == pytest.approx(worst)
+    assert fit_lengths(points).held_out_error == pytest.approx(worst)
+    # Leaving out the only point at a length, two lengths and one size at the other: none.
+    assert held_out_error([(1, 64, 100), (2, 64, 180), (1, 128, 190)]) is None

@@ -1,7 +1,9 @@
-"""Memory over time at M*: the search's answering probe keeps the live bytes of its
-measured step, operator by operator, on a real tiny model with the CPU tracker. Its peak is
-the probe's allocated peak to the byte, its phases follow the step, and it stays within
-its bounds however many operators the step runs."""
+"""Memory over time at M*: the search's answering probe keeps the live bytes of a step,
+operator by operator, on a real tiny model with the CPU tracker. The tracker is a dispatch
+mode, so the timeline is recorded on a step of its own after the measured one (which runs
+with no mode, counted by the allocator). Its peak is the probe's allocated peak within
+what the tracker does not see (operators' own temporaries: 0.3% here), its phases follow
+the step, and it stays within its bounds however many operators the step runs."""
 
 from __future__ import annotations
 
@@ -48,7 +50,10 @@ def test_the_probe_at_the_answer_keeps_the_timeline_of_its_step(searched: Profil
     timeline = at.timeline
 
     assert timeline.source == "cpu-tracker"
-    assert timeline.peak_bytes == at.peak_allocated_bytes  # the same bytes, not close
+    # Another step's, under the tracker: within what the tracker does not see.
+    assert at.peak_allocated_bytes is not None
+    assert timeline.peak_bytes == pytest.approx(at.peak_allocated_bytes, rel=0.01)
+    assert timeline.peak_bytes <= at.peak_allocated_bytes
     assert timeline.peak_bytes == max(timeline.live_bytes)
     assert 2 <= len(timeline.position) <= MAX_TIMELINE_POINTS
     assert timeline.position == sorted(timeline.position)
@@ -85,7 +90,7 @@ def test_the_phases_follow_the_step_and_hold_the_peak_where_the_breakdown_says(
         for p, b in zip(timeline.position, timeline.live_bytes, strict=True)
         if 0 < p <= timeline.phases[3].end
     )
-    assert forward_and_backward == probe.phase_peaks_bytes["accumulate"]
+    assert forward_and_backward == pytest.approx(probe.phase_peaks_bytes["accumulate"], rel=0.01)
 
 
 class Deep(nn.Module):
@@ -124,7 +129,8 @@ def test_a_long_step_is_folded_to_its_bound_and_keeps_its_peak() -> None:
     assert timeline is not None
     assert timeline.samples > MAX_TIMELINE_POINTS  # there was something to fold
     assert len(timeline.position) <= MAX_TIMELINE_POINTS
-    assert timeline.peak_bytes == probe.peak_allocated_bytes
+    assert probe.peak_allocated_bytes is not None
+    assert timeline.peak_bytes == pytest.approx(probe.peak_allocated_bytes, rel=0.01)
     assert timeline.length > 4 * 300
     assert len(timeline.model_dump_json()) <= MAX_TIMELINE_JSON_BYTES
 

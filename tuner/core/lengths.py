@@ -21,6 +21,17 @@ shortest and up to :data:`EXTRAPOLATION` times the longest; further is refused, 
 the terms that dominate there were never seen dominating. An estimate keeps a margin of
 the fit's largest relative error on the measured probes, and never exceeds the measured
 ``M*`` of a shorter length or falls below that of a longer one.
+
+The margin is the error the fit makes where it was not fitted, never its residual alone: a
+fit with as many terms as points passes through every one of them (a residual of 1e-15
+says nothing; measured: XLM-RoBERTa at 64, 128 and 256 answered 7 at 192, where 7 runs
+out of memory and 6 is the truth). So each measured point is left out in turn, the fit
+is made again from the others (:func:`fit_lengths`, which may then fit fewer terms) and
+the point predicted from it; the largest relative error of these predictions
+(``held_out_error``), or of the fit itself where larger (``max_relative_error``), is the
+margin (``error_bound``). Where some point cannot be left out (the others
+cannot be fitted: one peak at a length, two at no other), the fit cannot know its error
+and nothing is estimated: the refusal names the command that measures the length.
 """
 
 from __future__ import annotations
@@ -55,7 +66,10 @@ class LengthFit(BaseModel):
     per_token_pair_bytes: float  # c
     seq_lens: list[int]
     points: int
-    max_relative_error: float = 0.0
+    max_relative_error: float = 0.0  # the fit's residual on its own points
+    # Its error on each point left out of it; None: some point cannot be left out (the
+    # others cannot be fitted), so the fit does not know its error and does not estimate.
+    held_out_error: float | None = None
 
     def predict(self, micro_batch_size: int, seq_len: int) -> float:
         m, s = micro_batch_size, seq_len
@@ -68,6 +82,14 @@ class LengthFit(BaseModel):
 
     def per_sample_bytes(self, seq_len: int) -> float:
         return self.per_token_bytes * seq_len + self.per_token_pair_bytes * seq_len**2
+
+    @property
+    def error_bound(self) -> float | None:
+        """The margin an estimate keeps: the larger of the residual and the error on the
+        points left out; None where the fit cannot know its error."""
+        if self.held_out_error is None:
+            return None
+        return max(self.max_relative_error, self.held_out_error)
 
 
 class LengthEstimate(BaseModel):
@@ -85,15 +107,37 @@ class LengthEstimate(BaseModel):
         if self.basis == "measured":
             return f"measured at seq_len {self.seq_len}"
         lengths = ", ".join(str(s) for s in self.based_on)
-        error = self.fit.max_relative_error if self.fit else 0.0
+        error = (self.fit.error_bound or 0.0) if self.fit else 0.0
         return (
             f"estimated for seq_len {self.seq_len} from profiles at {lengths} "
-            f"(fit within {error:.1%} of every measured peak near the boundary)"
+            f"(fit within {error:.1%} of every measured peak near the boundary, each "
+            "predicted by the fit to the others)"
         )
 
 
 def fit_lengths(points: Sequence[tuple[int, int, int]]) -> LengthFit:
-    """The fit through ``(micro batch, seq_len, peak bytes)`` points."""
+    """The fit through ``(micro batch, seq_len, peak bytes)`` points, with its error on
+    each point left out of it (the module's docstring says why)."""
+    return _fit_points(points).model_copy(update={"held_out_error": held_out_error(points)})
+
+
+def held_out_error(points: Sequence[tuple[int, int, int]]) -> float | None:
+    """The largest relative error predicting each point from the fit to the others; None
+    where some point cannot be left out (the others cannot be fitted)."""
+    worst = 0.0
+    for index, (m, s, y) in enumerate(points):
+        others = [*points[:index], *points[index + 1 :]]
+        try:
+            fit = _fit_points(others)
+        except BadInputError:
+            return None
+        if y > 0:
+            worst = max(worst, abs(fit.predict(m, s) - y) / y)
+    return worst
+
+
+def _fit_points(points: Sequence[tuple[int, int, int]]) -> LengthFit:
+    """The least-squares fit alone, its residual as its error."""
     lengths = sorted({s for _, s, _ in points})
     if len(lengths) < 2:
         raise BadInputError("a fit across sequence lengths needs profiles at two or more lengths")
@@ -186,10 +230,17 @@ def estimate_length(
             f"it too (--seq-lens {','.join(map(str, sorted({*fitted, seq_len})))})"
         )
     fit = fit_length_profiles(profiles, seq_lens)
+    if fit.held_out_error is None:
+        raise BadInputError(
+            f"seq_len {seq_len} cannot be estimated: the fit across lengths passes through "
+            "every peak measured near the boundary, so it cannot know its error between "
+            "them (leaving any one out leaves too few to fit); profile it too (--seq-lens "
+            f"{','.join(map(str, sorted({*fitted, seq_len})))})"
+        )
     if fit.per_sample_bytes(seq_len) <= 0:
         raise BadInputError("peak memory does not grow with the micro batch in these profiles")
     budget = profiles[0].budget_bytes
-    margin = 1 + fit.max_relative_error
+    margin = 1 + (fit.error_bound or 0.0)
     per_sample = fit.per_sample_bytes(seq_len)
     fixed = fit.predict(0, seq_len)
     size = max(0, int((budget / margin - fixed) // per_sample))

@@ -36,13 +36,23 @@ hold a phase's peak flat.
 
 The answer at ``(W, tp)`` is ``measured`` where a profile at exactly that shape exists
 (the newest), else ``estimated``: the largest m whose predicted footprint, raised by the
-fit's largest relative residual, stays within the budget, and never above what was
+fit's error, stays within the budget, and never above what was
 measured to fit at the nearest measured shape that is at least as large in both
 dimensions (a rank's memory does not grow with dp or with tp, so that shape is a ceiling
 that ran). On a mesh, a shape outside the measured range of dp or of tp, or with no
 measured shape larger in both, is refused in one line: that would extrapolate. Without a
 mesh (every shape ``tp = 1``), as before: above the largest measured world size, that
 size's M* is the ceiling. Torch-free, so the service can answer with it.
+
+The fit's error is what it makes where it was not fitted, never its residual alone: with
+as many probes as terms it passes through all of them. Each probe is left out in turn,
+the fit made again from the others and the probe's footprint predicted from it; the
+largest relative error of these (``held_out_error``, or the residual
+``max_relative_error`` where larger) is the margin (``error_bound``). Where some
+probe cannot be left out (the others separate fewer terms, or none), the fit cannot know
+its error, and a shape whose ceiling comes from a larger shape (a ceiling above the
+truth) is refused with the command that profiles it; above every measured world size the
+ceiling is a smaller size's M*, which a larger world never fits less than, and answers.
 """
 
 from __future__ import annotations
@@ -55,7 +65,7 @@ from pydantic import BaseModel, ConfigDict
 from tuner.core.errors import BadInputError
 from tuner.core.least_squares import fit_linear, relative_weights
 from tuner.core.plan import Basis
-from tuner.core.results import Profile
+from tuner.core.results import ProbeResult, Profile
 from tuner.core.shape import ONE_PROCESS, MeshShape
 
 # The fit's terms in order of preference: each enters when the measured points can tell
@@ -121,7 +131,10 @@ class WorldFit(BaseModel):
     overhead_bytes: float
     points: int
     world_sizes: list[int]
-    max_relative_error: float
+    max_relative_error: float  # the fit's residual on its own probes
+    # Its error on each probe left out of it; None where some probe cannot be left out,
+    # and the fit does not know its error.
+    held_out_error: float | None = None
     # The measured shapes (by dp, then tp) and the terms the fit could separate.
     shapes: list[MeshShape] = []
     terms: list[str] = []
@@ -129,6 +142,14 @@ class WorldFit(BaseModel):
     def predict(self, micro_batch_size: int, mesh: MeshShape) -> float:
         peak = max(fit.predict(micro_batch_size, mesh) for fit in self.phases.values())
         return peak + self.overhead_bytes
+
+    @property
+    def error_bound(self) -> float | None:
+        """The margin an estimate keeps: the larger of the residual and the error on the
+        probes left out; None where the fit cannot know its error."""
+        if self.held_out_error is None:
+            return None
+        return max(self.max_relative_error, self.held_out_error)
 
     @property
     def per_sample_bytes(self) -> float:
@@ -198,6 +219,36 @@ def fit_world_sizes(profiles: Sequence[Profile]) -> WorldFit:
         and probe.peak_allocated_bytes is not None
         and near_boundary(probe.micro_batch_size, profile.max_micro_batch_size)
     ]
+    if len({probe.micro_batch_size for probe, _ in measured}) < 2:
+        raise BadInputError("the profiles measured fewer than two micro batch sizes: profile more")
+    fit = _fit_measured(measured, profiles)
+    return fit.model_copy(update={"held_out_error": _held_out_error(measured, profiles)})
+
+
+def _held_out_error(
+    measured: list[tuple[ProbeResult, MeshShape]], profiles: Sequence[Profile]
+) -> float | None:
+    """The largest relative error predicting each measured footprint from the fit to the
+    other probes (which may separate fewer terms); None where some probe cannot be left
+    out (the others cannot be fitted)."""
+    worst = 0.0
+    for index, (probe, mesh) in enumerate(measured):
+        others = [*measured[:index], *measured[index + 1 :]]
+        try:
+            fit = _fit_measured(others, profiles)
+        except BadInputError:
+            return None
+        footprint = probe.footprint_bytes or 0
+        if footprint > 0:
+            predicted = fit.predict(probe.micro_batch_size, mesh)
+            worst = max(worst, abs(predicted - footprint) / footprint)
+    return worst
+
+
+def _fit_measured(
+    measured: list[tuple[ProbeResult, MeshShape]], profiles: Sequence[Profile]
+) -> WorldFit:
+    """The least-squares fit of each phase over ``measured``, its residual as its error."""
     if len({probe.micro_batch_size for probe, _ in measured}) < 2:
         raise BadInputError("the profiles measured fewer than two micro batch sizes: profile more")
     curves: dict[str, list[tuple[int, MeshShape, int]]] = {}
@@ -297,11 +348,25 @@ def estimate_world_size(profiles: Sequence[Profile], mesh: MeshShape) -> WorldEs
             based_on_shapes=[mesh],
             ceiling_shape=mesh,
         )
-    ceiling_from = _ceiling(profiles, mesh, across_meshes=fit.has_mesh or mesh.is_mesh)
+    across_meshes = fit.has_mesh or mesh.is_mesh
+    ceiling_from = _ceiling(profiles, mesh, across_meshes=across_meshes)
+    if fit.held_out_error is None and mesh.bounds(ceiling_from.mesh):
+        # The fit passes through every probe, and the ceiling comes from a larger shape (a
+        # rank there holds less, so its M* may be below the truth here, or equal): nothing
+        # measured bounds the fit's error from below.
+        raise BadInputError(
+            f"{_where(mesh, across_meshes)} cannot be estimated: the fit across the measured "
+            "shapes passes through every probe near their boundaries, so it cannot know its "
+            "error between them (leaving any one out leaves too few to fit); profile at "
+            f"this shape (--world-size {mesh.world_size}"
+            + (f" --tp {mesh.tp})" if mesh.tp > 1 else ")")
+        )
     if fit.per_sample_at(mesh) <= 0:
         raise BadInputError("peak memory does not grow with the micro batch in these profiles")
     budget = profiles[0].budget_bytes
-    margin = 1 + fit.max_relative_error
+    # Where the fit cannot know its error (refused above unless a smaller size's M*
+    # bounds the answer from below), its residual is the margin.
+    margin = 1 + (fit.error_bound or fit.max_relative_error)
     fitting = [
         m for m in range(1, profiles[0].size_cap + 1) if fit.predict(m, mesh) * margin <= budget
     ]
@@ -316,6 +381,10 @@ def estimate_world_size(profiles: Sequence[Profile], mesh: MeshShape) -> WorldEs
         based_on_shapes=shapes,
         ceiling_shape=ceiling_from.mesh,
     )
+
+
+def _where(mesh: MeshShape, across_meshes: bool) -> str:
+    return f"a {mesh.dp} × {mesh.tp} mesh (dp × tp)" if across_meshes else mesh.where()
 
 
 def _ceiling(profiles: Sequence[Profile], mesh: MeshShape, *, across_meshes: bool) -> Profile:

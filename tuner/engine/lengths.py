@@ -20,11 +20,15 @@ length's ``M*``: a longer sequence never fits more.
 
 The fit needs three peaks near the boundary that separate its terms, and a right guess
 measures only one at its length (``guess`` fits, ``guess + 1`` runs out of memory and
-leaves no peak). So, whenever the lengths measured so far cannot be fitted, the length
-just searched takes one more probe, the smallest size within a factor of two below its
-``M*`` (it fits: the cheapest probe that helps), which always separates them. When no such
-size exists (``M* = 1``), later lengths are aimed from one length, as the first is. Each
-of these is said through ``report``.
+leaves no peak). An estimate also needs the fit's error, learned by leaving each point out
+of it in turn (:func:`tuner.core.lengths.held_out_error`), which a length with one peak
+does not allow unless three lengths or more have been measured around it. So the first
+length, where its search left a single peak near its boundary, and any later length,
+whenever the lengths measured so far cannot be fitted or the fit cannot know its error
+and that length has a single peak, takes one more probe, the smallest size within a
+factor of two below its ``M*`` (it fits: the cheapest probe that helps), which always
+separates them. When no such size exists (``M* = 1``), later lengths are
+aimed from one length, as the first is. Each of these is said through ``report``.
 
 Every profile is the workload's own at its length (its own workload key), with
 ``workload.seq_len`` and the ``workload.length_family`` they share
@@ -188,7 +192,16 @@ def search_length(
         outcome = run_search(strategy, probe, cap=cap, budget_bytes=budget_bytes, predict=predict)
     before = _fit_points(earlier)
     found = outcome.max_micro_batch_size
-    if found < 1 or not before or _separable([*before, *_points(outcome, seq_len)]):
+    if found >= 1 and not earlier and len(_points(outcome, seq_len)) < 2:
+        # The first length: with one peak it could never be left out of the fit.
+        size = _size_for_fit(outcome)
+        if size is not None:
+            say(
+                f"seq_len {seq_len}: one more probe, at {size}, so that the fit across "
+                f"lengths has two peaks at this length (one near M* {found} so far)"
+            )
+            return SearchOutcome(found, [*outcome.probes, probe(size)])
+    if found < 1 or not before or _fit_is_complete(before, _points(outcome, seq_len)):
         return outcome
     size = _size_for_fit(outcome)
     if size is not None:
@@ -217,6 +230,16 @@ def _fit_points(profiles: Sequence[Profile]) -> list[tuple[int, int, int]]:
         if p.max_micro_batch_size >= 1
         for point in boundary_points(p.probes, p.max_micro_batch_size, _seq_len(p))
     ]
+
+
+def _fit_is_complete(before: list[tuple[int, int, int]], here: list[tuple[int, int, int]]) -> bool:
+    """Whether the points so far need no probe more at this length: the fit can be made,
+    and it knows its error (each point can be left out of it) or a second peak here would
+    not teach it (this length has two already)."""
+    points = [*before, *here]
+    if not _separable(points):
+        return False
+    return len(here) >= 2 or fit_lengths(points).held_out_error is not None
 
 
 def _separable(points: list[tuple[int, int, int]]) -> bool:

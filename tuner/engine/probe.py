@@ -4,9 +4,13 @@ A probe runs ``warmup_steps`` optimizer steps (creating optimizer state, workspa
 caches), then measures ``measure_steps`` more; each step accumulates gradients over
 ``microbatches_per_step`` micro batches of ``m`` samples. It fits when it finishes,
 ``peak reserved + non-torch ≤ (1 − headroom) × capacity``, and the allocator needed no
-retries. Running out of memory is a measurement ("does not fit"); any other exception
-propagates unchanged. Afterwards the model, optimizer, RNG and train/eval flags are as
-they were, and after an out-of-memory the device is back to its baseline.
+retries. The warm-up and measured steps run as they train: no dispatch mode and no hook is
+active in them (under a mode autograd accumulates some gradients out of place, copies
+training never makes); what needs one (the memory timeline, the activations each block
+saves) is gathered on one more step after them, whose peak decides nothing. Running out
+of memory is a measurement ("does not fit"); any other exception propagates unchanged.
+Afterwards the model, optimizer, RNG and train/eval flags are as they were, and after an
+out-of-memory the device is back to its baseline.
 
 Under DDP or FSDP (a rank of :mod:`tuner.engine.launch`) the model is wrapped the way it
 trains, and each step follows the rules the accumulator follows: the same gradient
@@ -100,6 +104,9 @@ class Prober:
         self.stop_at = DEFERRED_STOP if self.parallel.distributed and backend.kind == "cpu" else 1.0
         self._saved = TrainingState.capture(self.model, self.optimizer)
         self._between_micro_batches = 0
+        # From here on what the probes allocate and keep (gradients, optimizer state, a
+        # model's caches) is the workload's; the copies just made are not.
+        backend.start_workload()
 
     def __enter__(self) -> Prober:
         return self
@@ -173,20 +180,23 @@ class Prober:
                 for _ in range(self.settings.warmup_steps):
                     progress.steps += 1
                     self._step(batch, scaler)
+        # The steps whose peak decides M*: nothing that changes what autograd allocates
+        # (a dispatch mode, a hook) is active in them.
         with track(
-            self._resident(batch),
-            enforce_capacity=enforce_capacity,
-            stop_at=stop,
-            timeline=self.timeline,
+            self._resident(batch), enforce_capacity=enforce_capacity, stop_at=stop
         ) as reading:
-            measure = _Measure(reading, BlockActivations(self.model) if self.locate else None)
+            measure = _Measure(reading, None)
             start = time.perf_counter()
             for _ in range(self.settings.measure_steps):
                 progress.steps += 1
                 self._step(batch, scaler, measure)
             self.backend.synchronize()
             step_time = (time.perf_counter() - start) / self.settings.measure_steps
-        breakdown = self._breakdown(measure)
+        detail = (
+            self._detail_step(batch, scaler, progress) if self.locate or self.timeline else None
+        )
+        reading.timeline = detail.reading.timeline if detail is not None else None
+        breakdown = self._breakdown(measure, detail)
         if self.backend.tracking_slows_steps:
             # Tracking adds per-operator cost; time one step the way training runs it.
             start = time.perf_counter()
@@ -195,6 +205,32 @@ class Prober:
             self.backend.synchronize()
             step_time = time.perf_counter() - start
         return _StepsOutcome(reading, breakdown, step_time)
+
+    def _detail_step(
+        self, batch: Batch, scaler: torch.amp.GradScaler | None, progress: _Progress
+    ) -> _Measure | None:
+        """One more step for what needs a mode or hooks: the timeline operator by operator
+        (the CPU tracker is a dispatch mode) and the activations each block saves (forward
+        and saved-tensor hooks). Its peak may differ from the measured step's where the
+        mode makes autograd accumulate out of place; it never decides M*. None where it
+        runs out of memory (the mode's copies can take a step that fits past the limit)."""
+        try:
+            with self.backend.track(
+                self._resident(batch),
+                enforce_capacity=True,
+                stop_at=DEFERRED_STOP,
+                timeline=self.timeline,
+                detail=True,
+            ) as reading:
+                measure = _Measure(reading, BlockActivations(self.model) if self.locate else None)
+                progress.steps += 1
+                self._step(batch, scaler, measure)
+                self.backend.synchronize()
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            return None
+        return measure
 
     def _step(
         self, batch: Batch, scaler: torch.amp.GradScaler | None, measure: _Measure | None = None
@@ -352,6 +388,9 @@ class Prober:
     def _resident(self, batch: Batch) -> Iterator[torch.Tensor]:
         yield from self.model.parameters()
         yield from self.model.buffers()
+        # Tensors a module keeps as plain attributes (a mask, a table): alive all along.
+        for module in self.model.modules():
+            yield from (v for v in vars(module).values() if isinstance(v, torch.Tensor))
         yield from (p.grad for p in self.model.parameters() if p.grad is not None)
         yield from iter_tensors(dict(self.optimizer.state))
         yield from (tensor for _, tensor in batch_tensors(batch))
@@ -366,7 +405,8 @@ class Prober:
         known = storage_bytes(self._resident(batch))
         return max(0, self.backend.current_bytes() - known)
 
-    def _breakdown(self, measure: _Measure) -> MemoryBreakdown:
+    def _breakdown(self, measure: _Measure, detail: _Measure | None = None) -> MemoryBreakdown:
+        """From the measured step; the activations per block from the detail step."""
         reading = measure.reading
         params = storage_bytes(self.model.parameters())
         grads = storage_bytes(p.grad for p in self.model.parameters() if p.grad is not None)
@@ -382,7 +422,9 @@ class Prober:
             activations_bytes=max(0, reading.allocated_bytes - resident),
             allocator_cache_bytes=max(0, reading.reserved_bytes - reading.allocated_bytes),
             activations_by_block_bytes=(
-                dict(measure.activations.bytes_by_block) if measure.activations else {}
+                dict(detail.activations.bytes_by_block)
+                if detail is not None and detail.activations
+                else {}
             ),
             peak_phase=peak_phase(measure.parts),
         )

@@ -44,7 +44,7 @@ import itertools
 import math
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -172,6 +172,8 @@ class Accumulator:
     parallel: Parallel | None = None
     split: Sequence[int] | Sequence[tuple[int, int]] | None = None
     keep_outputs: KeepOutputs = False
+    # ``make_batch(n)``: the workload's own samples, for step_samples (for_workload sets it).
+    make_batch: Callable[[int], Batch] | None = None
 
     def __post_init__(self) -> None:
         if self.micro_batch_size < 1:
@@ -213,6 +215,7 @@ class Accumulator:
         return cls(
             model=model,
             parallel=workload.parallel,
+            make_batch=workload.make_batch,
             optimizer=workload.build_optimizer(),
             micro_batch_size=micro_batch_size,
             loss_fn=workload.loss_fn,
@@ -227,6 +230,36 @@ class Accumulator:
         world = current_world(self.parallel)
         self._check_sync(world)
         check_same_batch(batch, world)  # a mesh's tensor-parallel ranks share one batch
+        return self._run(batch, samples, world)
+
+    def step_samples(self, samples: int) -> StepReport:
+        """One optimizer step over ``samples`` samples that the workload makes itself
+        (``make_batch``, which :meth:`for_workload` sets), each micro batch made just
+        before its forward and let go after its backward: one micro batch's inputs are in
+        memory at a time, as the probe counted them. ``step(make_batch(samples))`` holds
+        the whole batch beside the step instead: on the CPU, where a batch cannot wait
+        anywhere else, the micro batches waiting their turn are above what the profile
+        measured. A retry after an out-of-memory makes its micro batches again.
+
+        The accumulated gradient is the same: each micro batch's loss is weighed by its
+        loss units alone, and the gradient divided by their total after the last one (the
+        total of a batch not made yet is not known before its first backward). Under
+        torch.distributed (the ranks agree on their batches' units first) the batch is made
+        whole and stepped as :meth:`step` does."""
+        if self.make_batch is None:
+            raise BadInputError(
+                "step_samples needs the workload's make_batch: build the accumulator with "
+                "Accumulator.for_workload, or pass make_batch="
+            )
+        if type(samples) is not int or samples < 1:
+            raise BadInputError(f"samples must be a positive whole number, got {samples!r}")
+        world = current_world(self.parallel)
+        if world.size > 1:
+            return self.step(self.make_batch(samples))
+        self._check_sync(world)
+        return self._run(_MadeBatch(self.make_batch), samples, world)
+
+    def _run(self, batch: Batch | _MadeBatch, samples: int, world: World) -> StepReport:
         stats = self._running_stats.capture() if self.recover_from_oom else None
         retries = 0
         while True:
@@ -257,19 +290,31 @@ class Accumulator:
     # -- one attempt at a batch -------------------------------------------------------
 
     def _attempt(
-        self, batch: Batch, split: list[int], world: World
+        self, batch: Batch | _MadeBatch, split: list[int], world: World
     ) -> StepReport | tuple[int, str]:
         """A step report, or ``(size that failed, message)`` after an agreed out-of-memory."""
         size = max(split)
-        parts = _slices(batch, split)
+        count = len(split)
         device = _device_of(self.model)
-        # One look at the whole batch instead of a copy call per tensor per micro batch.
-        on_device = all(t.device == device for _, t in batch_tensors(batch))
-        # A mean is weighted by units counted before its backward; a (sum, count) loss
-        # counts its own, and the gradient is divided by their total after the last one.
-        # Totals are over data-parallel groups, and the reducer averages over them: each
-        # loss is scaled by the data-parallel size so that the average is the sum.
-        counted = None if self._sum_style else [self._units(part) for part in parts]
+        parts: Iterable[Batch]
+        # Micro batches made as they are reached: their units are counted when each is
+        # made, a mean weighs its units alone, and the gradient is divided by their total
+        # after the last one, as with a (sum, count) loss (one process only).
+        made_lazily = isinstance(batch, _MadeBatch)
+        if isinstance(batch, _MadeBatch):
+            parts = batch.parts(split)
+            on_device = False
+            counted = None
+        else:
+            made = _slices(batch, split)
+            parts = made
+            # One look at the whole batch instead of a copy call per tensor per micro batch.
+            on_device = all(t.device == device for _, t in batch_tensors(batch))
+            # A mean is weighted by units counted before its backward; a (sum, count) loss
+            # counts its own, and the gradient is divided by their total after the last one.
+            # Totals are over data-parallel groups, and the reducer averages over them: each
+            # loss is scaled by the data-parallel size so that the average is the sum.
+            counted = None if self._sum_style else [self._units(part) for part in made]
         total_units = all_reduce_sum(sum(counted), world) if counted is not None else 0
         if counted is not None and total_units == 0:
             raise BadInputError("the batch has no loss units (every token is padding?)")
@@ -283,7 +328,7 @@ class Accumulator:
         oom_message: str | None = None
         try:
             for index, part in enumerate(parts):
-                last = index == len(parts) - 1
+                last = index == count - 1
                 if last and world.size > 1 and reducer == "ddp":
                     # DDP commits to all-reducing at the last forward: agree before it.
                     agreed = any_rank_failed(False, size, world)
@@ -291,7 +336,9 @@ class Accumulator:
                         self._release()
                         return agreed, "another rank ran out of memory"
                 units = counted[index] if counted is not None else None
-                collective = self._backward_has_collective(index, len(parts), world)
+                if made_lazily:
+                    units = self._units(part)
+                collective = self._backward_has_collective(index, count, world)
                 if units == 0 and world.size == 1:
                     outputs.append(None)  # nothing to learn, no one waiting: skip it
                     continue
@@ -301,7 +348,7 @@ class Accumulator:
                 hooks = watch.around(self.model) if watch.needed else nullcontext(watch)
                 if not on_device:
                     part = to_device(part, device)
-                with self._sync_context(index, len(parts), world), hooks:
+                with self._sync_context(index, count, world), hooks:
                     # Without units and with no collective in the backward, only the forward
                     # runs (it may hold collectives: FSDP's all-gather, DDP's buffers).
                     grad = units != 0 or collective
@@ -318,12 +365,17 @@ class Accumulator:
                         assert units is not None
                         if units:
                             losses.append((loss.value.detach(), units, units))
-                        weighted = loss.value * (units * world.data_parallel_size / total_units)
+                        dp = world.data_parallel_size
+                        # Made lazily: divided by the total after the last micro batch.
+                        weighted = loss.value * (
+                            units * dp if made_lazily else units * dp / total_units
+                        )
                     del loss
                     if grad:
                         (self.scaler.scale(weighted) if self.scaler else weighted).backward()
                     del weighted
                 outputs.append(watch.kept)
+                del part, watch, hooks  # a made micro batch goes before the next is made
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
@@ -341,8 +393,8 @@ class Accumulator:
                 return agreed, "another rank ran out of memory"
             if reducer == "safe":
                 average_gradients(self.model, world)
-        local_units = sum(int(count) for _, _, count in losses)
-        if self._sum_style:
+        local_units = sum(int(units) for _, _, units in losses)
+        if self._sum_style or made_lazily:
             total_units = all_reduce_sum(local_units, world)
             if total_units == 0:
                 raise BadInputError("the batch has no loss units (every token is padding?)")
@@ -476,6 +528,17 @@ def _micro_batches(split: Sequence[int] | Sequence[tuple[int, int]]) -> list[int
         for item in split
         for size in (expand([item]) if isinstance(item, tuple | list) else [item])
     ]
+
+
+@dataclass(frozen=True)
+class _MadeBatch:
+    """A batch not made yet: each micro batch is made by ``make`` when it is reached."""
+
+    make: Callable[[int], Batch]
+
+    def parts(self, split: list[int]) -> Iterator[Batch]:
+        for size in split:
+            yield self.make(size)
 
 
 def _slices(batch: Batch, split: list[int]) -> list[Batch]:

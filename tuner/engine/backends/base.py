@@ -74,6 +74,7 @@ class Backend(ABC):
         enforce_capacity: bool = True,
         stop_at: float = 1.0,
         timeline: bool = False,
+        detail: bool = False,
     ) -> AbstractContextManager[PeakReading]:
         """Measure the peak inside the block. ``resident`` lists tensors alive before it
         (weights, gradients, optimizer state) so that a backend that only sees new
@@ -81,7 +82,13 @@ class Backend(ABC):
         out-of-memory error, unless ``enforce_capacity`` is false and the backend can
         lift it (a backend that can measure past its capacity may stop later than 1×).
         With ``timeline``, the reading also carries live bytes over the block
-        (:mod:`tuner.engine.timeline`), its phases marked by ``end_phase``."""
+        (:mod:`tuner.engine.timeline`), its phases marked by ``end_phase``.
+
+        Without ``detail`` (and ``timeline``) the block is one whose peak decides ``M*``:
+        nothing that changes what autograd allocates (a dispatch mode, a hook) may be
+        active in it, and a backend counts it without one. With ``detail`` the block
+        gathers what needs a mode or hooks (the timeline operator by operator, the blocks'
+        saved activations); its peak may differ from the training's."""
 
     @abstractmethod
     def end_phase(self, reading: PeakReading, phase: str) -> None:
@@ -99,6 +106,11 @@ class Backend(ABC):
         """Return cached, unused blocks to the device: before each probe, so that its
         reserved peak is its own, and after an out-of-memory."""
 
+    def start_workload(self) -> None:
+        """The prober holds the workload now (its copies of the user's state made): what
+        is allocated from here on and still alive when a block starts is the workload's
+        (gradients, optimizer state, a cache a model keeps between steps)."""
+
     def session(self) -> AbstractContextManager[None]:
         """Settings held for a whole profile (a CUDA memory cap, say)."""
         return nullcontext()
@@ -112,6 +124,18 @@ class Backend(ABC):
     @abstractmethod
     def current_bytes(self) -> int:
         """Inside ``track``: the bytes allocated right now."""
+
+
+def active_modes() -> list[str]:
+    """What is active on this thread that changes what autograd allocates: dispatch modes
+    (by class name) and saved-tensor hooks. Nothing, around a step as a training loop runs
+    it."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    active = [type(mode).__name__ for mode in _get_current_dispatch_mode_stack()]
+    if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+        active.append("saved-tensor hooks")
+    return active
 
 
 def plain_tensors(tensor: torch.Tensor) -> Iterator[torch.Tensor]:

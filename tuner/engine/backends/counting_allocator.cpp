@@ -11,11 +11,19 @@
 // collective). Each tag has its own live and peak bytes, by where a block was allocated
 // (whichever thread frees it).
 //
+// Each block also carries its serial number (allocations so far when it was made), so that
+// what was allocated since a point and is still live can be summed; and a limit can be set
+// on what the process holds: an allocation by the step's thread (tag 1) that would take
+// the live bytes past it throws c10::OutOfMemoryError (torch.OutOfMemoryError in Python)
+// before anything is allocated, as the CUDA allocator refuses past a card's memory. Other
+// threads are never refused (an exception on an intra-op worker would end the process).
+//
 // The blocks it hands out look like the default allocator's (the context is the data
 // pointer), so raw_allocate / raw_deallocate and is_simple_data_ptr behave as before.
 // Plain C functions (ctypes): no pybind11 and no ATen headers, so it builds in seconds.
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -31,6 +39,7 @@ constexpr int kTags = 3;
 struct Block {
   int64_t size;
   int tag;
+  int64_t serial;
   c10::DataPtr inner;  // the previous allocator's block, freed when this is erased
 };
 
@@ -49,6 +58,9 @@ Counts counts;
 std::vector<Counts>* enclosing = nullptr;  // the counts that nested ones restarted
 c10::Allocator* previous = nullptr;
 thread_local int thread_tag = 0;
+int64_t next_serial = 0;
+int64_t live_limit = -1;  // no limit
+constexpr int kStepTag = 1;
 
 void counted_delete(void* data) {
   Block block;
@@ -68,17 +80,31 @@ void counted_delete(void* data) {
 
 struct CountingAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
+    const int tag = thread_tag;
+    const auto size = static_cast<int64_t>(n);
+    if (tag == kStepTag) {
+      int64_t live = 0;
+      int64_t limit = -1;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        live = counts.live;
+        limit = live_limit;
+      }
+      TORCH_CHECK_WITH(
+          OutOfMemoryError,
+          limit < 0 || live + size <= limit,
+          "CPU memory limit exceeded: allocating ", size, " bytes with ", live,
+          " bytes live would pass the limit of ", limit, " bytes live");
+    }
     c10::DataPtr inner = previous->allocate(n);
     void* data = inner.get();
     if (data == nullptr) {
       return inner;  // zero bytes: nothing held, and every such block shares one address
     }
     const c10::Device device = inner.device();
-    const int tag = thread_tag;
-    const auto size = static_cast<int64_t>(n);
     {
       std::lock_guard<std::mutex> lock(mutex);
-      blocks->emplace(data, Block{size, tag, std::move(inner)});
+      blocks->emplace(data, Block{size, tag, next_serial++, std::move(inner)});
       counts.live += size;
       counts.allocations += 1;
       if (counts.live > counts.peak) {
@@ -171,6 +197,42 @@ void tuner_count_read(int64_t* out) {
     out[4 + 3 * tag] = counts.tag_peak[tag];
     out[5 + 3 * tag] = counts.tag_allocations[tag];
   }
+}
+
+// The serial number the next allocation will carry.
+int64_t tuner_count_serial() {
+  std::lock_guard<std::mutex> lock(mutex);
+  return next_serial;
+}
+
+// Bytes of the live blocks allocated from serial number `since` on by threads tagged `tag`.
+int64_t tuner_count_live_since(int64_t since, int tag) {
+  std::lock_guard<std::mutex> lock(mutex);
+  int64_t total = 0;
+  for (const auto& entry : *blocks) {
+    if (entry.second.serial >= since && entry.second.tag == tag) {
+      total += entry.second.size;
+    }
+  }
+  return total;
+}
+
+// The serial number of the live block at `data` if a thread tagged `tag` allocated it, or
+// -1 where none such starts there.
+int64_t tuner_count_serial_of(void* data, int tag) {
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = blocks->find(data);
+  if (found == blocks->end() || found->second.tag != tag) {
+    return -1;
+  }
+  return found->second.serial;
+}
+
+// The most the process may hold live once an allocation of the step's thread is counted;
+// negative: no limit.
+void tuner_count_set_limit(int64_t limit) {
+  std::lock_guard<std::mutex> lock(mutex);
+  live_limit = limit;
 }
 
 }  // extern "C"

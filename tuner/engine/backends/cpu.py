@@ -1,9 +1,17 @@
-"""The CPU backend: live tensor bytes tracked operator by operator against a limit.
+"""The CPU backend: the bytes a step holds, counted against a limit.
 
-It makes a CPU behave like a GPU of ``limit_bytes``: every storage an operator creates is
-counted until it is freed, and the operator that takes the total over the limit raises
-``torch.OutOfMemoryError`` at once, as the CUDA allocator would. Training on CPU and the
-test suite use it to run the real search on real models.
+It makes a CPU behave like a GPU of ``limit_bytes``. In one process the steps whose peak
+decides M* are counted by the allocator's own hook (:mod:`.process_count`) with nothing
+else active, as a training loop runs them: every block torch's CPU allocator hands out
+counts until it is freed, and the allocation that would take the total over the limit
+raises ``torch.OutOfMemoryError`` before it is made, as the CUDA allocator would. The
+operator tracker (:class:`LiveBytesTracker`, a dispatch mode: every storage an operator
+creates is counted until it is freed) counts the steps that gather details (the timeline
+operator by operator), a dry run's fake steps, a rank's steps, and one process's where the
+hook cannot be built. A mode changes the step it counts: autograd accumulates some
+gradients out of place under any mode (where a gradient arrives from two places), copies
+training never makes, so its count can be above the training's. Training on CPU and the
+test suite use the backend to run the real search on real models.
 
 The tracker sees the thread that runs the step, which is what a GPU holds. On a rank of a
 gloo process group (``count_all_threads``) the process holds more: gloo gathers into
@@ -37,7 +45,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tuner.core.results import DeviceInfo
 from tuner.core.units import format_bytes, limited_name
 from tuner.engine.backends.allocations import AllThreadCount, all_thread_allocations
-from tuner.engine.backends.base import Backend, PeakReading, plain_tensors
+from tuner.engine.backends.base import (
+    Backend,
+    PeakReading,
+    active_modes,
+    plain_tensors,
+)
 from tuner.engine.backends.process_count import (
     COLLECTIVE,
     STEP,
@@ -234,6 +247,9 @@ class CpuBackend(Backend):
 
     kind = "cpu"
     tracking_slows_steps = True
+    # Whether one process's blocks are counted by the allocator's hook, with no mode (a
+    # dry run's fake tensors allocate nothing there: its backend counts with the tracker).
+    counts_plain_steps: ClassVar[bool] = True
 
     def __init__(self, limit_bytes: int, *, count_all_threads: bool = False) -> None:
         if limit_bytes <= 0:
@@ -253,6 +269,20 @@ class CpuBackend(Backend):
             # This thread runs the steps: what it allocates in set-up (the model, its shards)
             # is the step's, so that a block's count can tell it from gloo's threads' blocks.
             self.process_count.tag_this_thread(STEP)
+        # One process: the exact count alone, with no dispatch mode on the steps whose
+        # peak decides M* (a mode makes autograd accumulate some gradients out of place:
+        # measured +6.8% on Mamba). None where it cannot be built: the tracker counts.
+        self.plain_count: ProcessAllocations | None = (
+            process_allocations() if self.counts_plain_steps and not count_all_threads else None
+        )
+        if self.plain_count is not None:
+            self.tracking_slows_steps = False  # a hook per allocation: steps are timed as run
+        # Allocations from this serial number on, still alive at a block's start, are the
+        # workload's (start_workload); before it, only the resident tensors are.
+        self._workload_serial = self.plain_count.serial() if self.plain_count else 0
+        # Inside a plain block: what the workload held at its start, and the process's
+        # live bytes then (current_bytes and end_phase read from them).
+        self._plain_start: tuple[int, int] | None = None
         self._tracker: LiveBytesTracker | None = None
         # One tracker for a whole session: storages it has seen stay counted while they
         # live, also those made in set-up (``observe``) or in an earlier block that no
@@ -298,6 +328,16 @@ class CpuBackend(Backend):
         with self._session_tracker:
             yield
 
+    def start_workload(self) -> None:
+        if self.plain_count is not None:
+            self._workload_serial = self.plain_count.serial()
+
+    def counts_plain(self, *, detail: bool = False, timeline: bool = False) -> bool:
+        """Whether a block is counted by the allocator's hook alone, with no mode: one
+        process, the hook built, the block not one for details, and no dispatch mode
+        active already (a fake world's, which watches its collectives; a dry run's)."""
+        return self.plain_count is not None and not (detail or timeline) and not active_modes()
+
     @contextmanager
     def track(
         self,
@@ -306,9 +346,14 @@ class CpuBackend(Backend):
         enforce_capacity: bool = True,
         stop_at: float = 1.0,
         timeline: bool = False,
+        detail: bool = False,
     ) -> Iterator[PeakReading]:
-        reading = PeakReading()
         limit = int(self.capacity_bytes * stop_at) if enforce_capacity else None
+        if self.counts_plain(detail=detail, timeline=timeline):
+            with self._track_plain(resident, limit) as reading:
+                yield reading
+            return
+        reading = PeakReading()
         tracker = self._session_tracker
         if tracker is None:
             tracker = LiveBytesTracker(limit)
@@ -352,12 +397,71 @@ class CpuBackend(Backend):
         # The block's peak over its phases (end_phase restarts the tracker's).
         reading.process_bytes = max(reading.process_bytes, held)
 
+    @contextmanager
+    def _track_plain(
+        self, resident: Iterable[torch.Tensor], limit: int | None
+    ) -> Iterator[PeakReading]:
+        """A block counted by the allocator's hook with nothing else active:
+
+            peak = held at start + (the process's peak in the block − its live bytes at start)
+            held at start = live blocks this thread allocated in blocks since start_workload
+                            + the resident tensors not among them (the weights, the batch)
+
+        An allocation of this thread that would take the count past ``limit`` raises
+        ``torch.OutOfMemoryError`` before it is made."""
+        count = self.plain_count
+        assert count is not None  # counts_plain said so
+        # Garbage in reference cycles (the last block's) still holds blocks: the young
+        # generations only, as the tracker does.
+        gc.collect(1)
+        reading = PeakReading()
+        held = self._held_bytes(count, resident)
+        count.push()
+        try:
+            live = count.read().live_bytes
+            self._plain_start = (held, live)
+            cap = None if limit is None else live + limit - held
+            with count.tagged(STEP), count.limited(cap):
+                yield reading
+            peak = held + count.read().peak_bytes - live
+        finally:
+            self._plain_start = None
+            count.pop()
+        reading.add(peak, peak)
+
+    def _held_bytes(self, count: ProcessAllocations, resident: Iterable[torch.Tensor]) -> int:
+        """What the workload holds now: the live blocks its steps allocated since
+        start_workload (inside blocks, where this thread is tagged as the step's: not what
+        other work of the process, a dry run say, allocates in between), and the resident
+        tensors' storages that are not among them (the weights, the batch, gradients and
+        state put back between probes)."""
+        since = self._workload_serial
+        others: dict[int, int] = {}
+        for tensor in resident:
+            for plain in plain_tensors(tensor):
+                storage = plain.untyped_storage()
+                address = storage.data_ptr()
+                if address and count.serial_of(address, STEP) < since:
+                    others[address] = storage.nbytes()
+        return count.live_since(since, STEP) + sum(others.values())
+
     def current_bytes(self) -> int:
+        if self._plain_start is not None and self.plain_count is not None:
+            held, live = self._plain_start
+            return held + self.plain_count.read().live_bytes - live
         if self._tracker is None:
             raise RuntimeError("current_bytes is only meaningful inside track()")
         return self._tracker.live_bytes
 
     def end_phase(self, reading: PeakReading, phase: str) -> None:
+        if self._plain_start is not None and self.plain_count is not None:
+            held, live = self._plain_start
+            peak = held + self.plain_count.read().peak_bytes - live
+            reading.add(peak, peak, phase)
+            # The next phase's peak starts from what is live now.
+            self.plain_count.pop()
+            self.plain_count.push()
+            return
         if self._tracker is None:
             raise RuntimeError("end_phase is only meaningful inside track()")
         reading.add(self._tracker.peak_bytes, self._tracker.peak_bytes, phase)

@@ -18,7 +18,7 @@ from tuner.core.errors import DeviceUnavailableError
 from tuner.core.results import DeviceInfo
 from tuner.core.timeline import MemoryTimeline
 from tuner.core.units import limited_name
-from tuner.engine.backends.base import Backend, PeakReading
+from tuner.engine.backends.base import Backend, PeakReading, active_modes
 from tuner.engine.timeline import CUDA_HISTORY_EVENTS, timeline_from_trace
 
 
@@ -109,9 +109,19 @@ class CudaBackend(Backend):
         enforce_capacity: bool = True,
         stop_at: float = 1.0,
         timeline: bool = False,
+        detail: bool = False,
     ) -> Iterator[PeakReading]:
         # The allocator already knows every live block; a physical card cannot be lifted.
         del resident, enforce_capacity, stop_at  # the device itself stops at its memory
+        modes = active_modes()
+        if modes and not detail:
+            # Under a mode autograd accumulates some gradients out of place: the peak read
+            # would be the mode's, not the training's (DESIGN.md, "Count the step").
+            raise RuntimeError(
+                f"{', '.join(modes)} active around a measured step: max_memory_allocated "
+                "would count what they make autograd allocate, not the training's step; "
+                "measure the step with no dispatch mode or saved-tensor hooks active"
+            )
         reading = PeakReading()
         self.synchronize()
         gc.collect()

@@ -8,26 +8,35 @@ one lock, so the peak is the most the process's torch allocations held at any in
 
     peak = max over allocations and frees e of  Σ_{e' ≤ e} size(e')   (frees negative)
 
+One process's probes count with it alone: the measured step runs with no dispatch mode
+(a mode changes what autograd allocates, :mod:`.cpu`), its limit enforced by the hook
+(:meth:`ProcessAllocations.limited`), and what the workload held at a block's start read
+from the blocks allocated since the prober took the workload (:meth:`live_since`).
+
 Threads are told apart by a tag each sets on itself: the step's thread (:data:`STEP`),
 the step's thread inside a collective operator (:data:`COLLECTIVE`, gloo's output-sized
 buffer of ``_allgather_base_`` and ``reduce_scatter_tensor_coalesced_``, which NCCL does
 not make), and every other thread (:data:`OTHER`, gloo's workers). Blocks allocated
 before the hook was installed are not seen, nor are their frees: it is installed when a
-CPU rank's backend is made, before the workload is built, and the thread that makes it
-is the step's from then on.
+CPU backend is made (on a rank before the workload is built, and the thread that makes it
+is the step's from then on; in one process the weights made before it count as resident
+tensors).
 
 It is compiled once per machine and torch version with ``torch.utils.cpp_extension``
-(about 2 s: plain C functions called through ctypes, no pybind11, no ATen headers) into
+(a few seconds: plain C functions called through ctypes, no pybind11) into
 torch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``), and loaded from there afterwards. Where it cannot be built
 (no C++ compiler or no ninja), :func:`process_allocations` says so in one line and returns
-``None``; the CPU backend then counts with torch.profiler (:mod:`.allocations`), which is
-never below the process's count but may be above it.
+``None``; the CPU backend then counts one process's steps with the operator tracker (a
+dispatch mode: M* may be one below the training's, never above) and a rank's with
+torch.profiler (:mod:`.allocations`), which is never below the process's count but may be
+above it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import shutil
 import threading
@@ -44,10 +53,11 @@ _SOURCE = Path(__file__).with_name("counting_allocator.cpp")
 _NAME = "tuner_counting_allocator"
 
 NO_EXACT_COUNT = (
-    "the exact CPU allocation count could not be built ({reason}); counting with "
-    "torch.profiler instead, which may count gloo's copies above what the process held: "
-    "install a C++ compiler and ninja (e.g. apt-get install g++ && pip install ninja) "
-    "for the exact count"
+    "the exact CPU allocation count could not be built ({reason}); counting with the "
+    "operator tracker (a dispatch mode, under which autograd may make gradient copies "
+    "training does not: M* may be one below) and torch.profiler (which may count gloo's "
+    "copies above what the process held) instead: install a C++ compiler and ninja "
+    "(e.g. apt-get install g++ && pip install ninja) for the exact count"
 )
 
 
@@ -129,6 +139,39 @@ class ProcessAllocations:
         finally:
             self._library.tuner_count_set_thread_tag(before)
 
+    def serial(self) -> int:
+        """The serial number the next allocation will carry."""
+        return int(self._library.tuner_count_serial())
+
+    def live_since(self, serial: int, tag: int) -> int:
+        """Bytes of the live blocks allocated from ``serial`` on by threads tagged ``tag``."""
+        return int(self._library.tuner_count_live_since(serial, tag))
+
+    def serial_of(self, address: int, tag: int) -> int:
+        """The serial number of the live block allocated at ``address`` by a thread tagged
+        ``tag``; -1 where no such block starts there (allocated before the counter, by
+        another, or elsewhere)."""
+        return int(self._library.tuner_count_serial_of(address, tag))
+
+    @contextmanager
+    def limited(self, live_bytes: int | None) -> Iterator[None]:
+        """Inside the block, an allocation of a thread tagged :data:`STEP` that would take
+        what the process holds past ``live_bytes`` raises ``torch.OutOfMemoryError``
+        (before anything is allocated); ``None``: no limit."""
+        self._library.tuner_count_set_limit(-1 if live_bytes is None else live_bytes)
+        try:
+            yield
+        finally:
+            self._library.tuner_count_set_limit(-1)
+
+    def push(self) -> None:
+        """Open a nested count: peaks restart from what is live now."""
+        self._library.tuner_count_push()
+
+    def pop(self) -> None:
+        """Close the innermost count: the enclosing one takes in its peaks."""
+        self._library.tuner_count_pop()
+
     @contextmanager
     def block(self) -> Iterator[BlockCount]:
         """Counts the block, the calling thread tagged as the step's. Blocks may nest."""
@@ -166,6 +209,12 @@ def process_allocations() -> ProcessAllocations | None:
         return None
     library.tuner_count_read.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     library.tuner_count_set_thread_tag.argtypes = [ctypes.c_int]
+    library.tuner_count_serial.restype = ctypes.c_int64
+    library.tuner_count_live_since.argtypes = [ctypes.c_int64, ctypes.c_int]
+    library.tuner_count_live_since.restype = ctypes.c_int64
+    library.tuner_count_serial_of.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    library.tuner_count_serial_of.restype = ctypes.c_int64
+    library.tuner_count_set_limit.argtypes = [ctypes.c_int64]
     if library.tuner_count_install() != 1:
         # Another allocator took the highest priority first: what torch hands out is not
         # ours to count.
@@ -182,8 +231,11 @@ def _build() -> str:
     from torch.utils import cpp_extension
 
     _find_ninja()
+    # Named by its source: torch's cache keeps one build per name, and two versions of this
+    # file (two checkouts, an upgrade) must not rebuild, or load, each other's library.
+    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
     path = cpp_extension.load(
-        _NAME,
+        f"{_NAME}_{digest}",
         [str(_SOURCE)],
         extra_cflags=["-O2"],
         is_python_module=False,
