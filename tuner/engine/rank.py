@@ -16,7 +16,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -77,6 +77,9 @@ class RankRequest:
     headroom: float
     settings: ProbeSettings
     port: int
+    # The coordinator's environment when the ranks start: a rank forked from the fork
+    # server (see launch.rank_context) would otherwise have the server's, from its start.
+    environment: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,9 @@ class RankReady:
 
 
 def rank_main(rank: int, request: RankRequest, conn: multiprocessing.connection.Connection) -> None:
+    if request.environment:
+        os.environ.clear()
+        os.environ.update(request.environment)
     import torch
     import torch.distributed as dist
 
