@@ -71,7 +71,9 @@ RANK_PRELOAD = (
 )
 
 
-def rank_context(target: str) -> multiprocessing.context.BaseContext:
+def rank_context(
+    target: str,
+) -> multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext:
     """How rank processes start: forked from a fork server that has imported what a rank
     needs (it starts once per process, with the environment of that moment; each rank
     then takes the environment of its own start from its request), or spawned where
