@@ -244,17 +244,15 @@ async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess)
         world = int(asked_world) if asked_world.isdigit() and int(asked_world) > 0 else None
         # The newest run's mesh, where the world size asked (or its own) is one: left
         # blank (1) without one, so questions read as before meshes.
-        tp = newest.tp if newest.tp > 1 and (world or newest.world_size) % newest.tp == 0 else 1
+        mesh = calculator.default_mesh(world or newest.world_size, newest.tp)
         defaults = {
             "workload": newest.workload_key,
             "device": newest.device_key,
             "world_size": str(newest.world_size),
             "parallel": newest.parallel_mode,
-            "tp": str(tp) if tp > 1 else "",
+            "tp": str(mesh.tp) if mesh.is_mesh else "",
             "global_batch_size": str(
-                calculator.default_global_batch(
-                    newest.max_micro_batch_size, (world or newest.world_size) // tp
-                )
+                calculator.default_global_batch(newest.max_micro_batch_size, mesh.dp)
             ),
         }
         question = calculator.read_question(params, defaults)
