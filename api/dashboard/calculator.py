@@ -26,15 +26,22 @@ from tuner.core.parallel import PARALLEL_MODES
 from tuner.core.shape import MeshShape
 from tuner.core.wire.recommendation import RecommendationQuery, recommend_command
 
-# What the calculator's form asks: the one question's own fields, named as the API's query
-# parameters are, so that the page's URL carries the question and the API answers the same
-# query string; but the project (the page's project menu) and a packing budget (a collator's
-# setting, asked of the API or `tuner recommend`).
-QUESTION_FIELDS = tuple(
-    name
-    for name in RecommendationQuery.model_fields
-    if name not in ("project", "tokens_per_micro_batch")
+# What the calculator's form asks, in the form's order: the one question's own fields
+# (``RecommendationQuery``, tested to stay so), named as the API's query parameters are, so
+# that the page's URL carries the question and the API answers the same query string; but
+# the project (the page's project menu) and a packing budget (a collator's setting, asked
+# of the API or `tuner recommend`).
+QUESTION_FIELDS = (
+    "workload",
+    "device",
+    "global_batch_size",
+    "world_size",
+    "policy",
+    "parallel",
+    "seq_len",
+    "tp",
 )
+NOT_ON_THE_FORM = ("project", "tokens_per_micro_batch")
 POLICIES = plan.POLICIES
 MODES = PARALLEL_MODES
 DEFAULT_GLOBAL_BATCH = 256

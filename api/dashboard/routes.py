@@ -344,17 +344,16 @@ async def profile_page(
 
     detail, variants, others = await run_in_threadpool(read)
     profile, probe = detail.profile, detail.at_max
+    mesh = calculator.default_mesh(profile.world_size, profile.parallel.tp)
     defaults = {
         "workload": profile.workload_key,
         "device": profile.device_key,
         "world_size": str(profile.world_size),
         "parallel": profile.parallel.mode,
         # A mesh's tp; left blank (1) without one, so questions read as before.
-        "tp": str(profile.parallel.tp) if profile.parallel.tp > 1 else "",
+        "tp": str(mesh.tp) if mesh.is_mesh else "",
         "global_batch_size": str(
-            calculator.default_global_batch(
-                profile.max_micro_batch_size, profile.world_size // profile.parallel.tp
-            )
+            calculator.default_global_batch(profile.max_micro_batch_size, mesh.dp)
         ),
     }
     # The page's profile fixes the workload and the device; the form asks the rest.
