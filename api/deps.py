@@ -17,9 +17,13 @@ from api.db import Database
 from api.limits import WriteLimiter
 from api.models import DEFAULT_PROJECT_ID
 from api.security import ANONYMOUS_READER, TOUCH_INTERVAL, Principal, digest, require_scope
-from api.store.projects import project_id_of, project_names
+from api.store.projects import project_id_of, project_names, unknown_project
 from api.store.tokens import authenticate, touch_token
-from tuner.core.errors import AuthenticationError, NotFoundError, PermissionDeniedError
+from tuner.core.errors import (
+    AuthenticationError,
+    BadInputError,
+    PermissionDeniedError,
+)
 from tuner.core.wire.common import PROJECT_HEADER
 
 TOKEN_COOKIE = "tuner_token"
@@ -140,9 +144,7 @@ async def project_id(request: Request, name: str) -> int:
 
     read_id = await run_in_threadpool(read)
     if read_id is None:
-        raise NotFoundError(
-            f"no project is named {name!r}: `tuner token create --project {name}` creates it"
-        )
+        raise unknown_project(name)
     known[name] = read_id
     return read_id
 
@@ -159,14 +161,40 @@ async def _acting(request: Request, principal: Principal) -> Principal:
         wanted = DEFAULT_PROJECT_ID if asked is None else await project_id(request, asked)
         principal = replace(principal, project_id=wanted, all_projects=True)
     elif asked is not None and await project_id(request, asked) != principal.project_id:
-        raise PermissionDeniedError(
-            f"token {principal.name!r} reads and writes its own project only, not {asked!r}: "
-            "use a token of that project"
-        )
+        raise _not_its_own(principal, asked)
     request.scope.setdefault("state", {})["project_name"] = await project_name(
         request, principal.project
     )
     return principal
+
+
+async def named_project(request: Request, principal: Principal, name: str | None) -> Principal:
+    """``principal`` (as :func:`authorize` made it) acting in the project a question names
+    itself (``RecommendationQuery.project``), by the header's rules: any project for a
+    token of every project, its own only for any other; a header that names another
+    project as well is refused."""
+    if name is None:
+        return principal
+    header = request.headers.get(PROJECT_HEADER)
+    if header is not None and header != name:
+        raise BadInputError(
+            f"the question names project {name!r} and the {PROJECT_HEADER} header "
+            f"{header!r}: name one project"
+        )
+    wanted = await project_id(request, name)
+    if principal.all_projects:
+        principal = replace(principal, project_id=wanted)
+    elif wanted != principal.project_id:
+        raise _not_its_own(principal, name)
+    request.scope.setdefault("state", {})["project_name"] = name
+    return principal
+
+
+def _not_its_own(principal: Principal, name: str) -> PermissionDeniedError:
+    return PermissionDeniedError(
+        f"token {principal.name!r} reads and writes its own project only, not {name!r}: "
+        "use a token of that project"
+    )
 
 
 async def project_name(request: Request, project: int) -> str:

@@ -25,14 +25,13 @@ from sqlalchemy.exc import OperationalError
 from api import service
 from api.config import ServiceSettings
 from api.db import Database
-from api.errors import describe_invalid
 from api.migrate import prepare_database
 from api.models import DEFAULT_PROJECT
 from api.security import SCOPES, Principal, check_project_name
-from api.store.projects import ensure_project
+from api.store.projects import ensure_project, project_id_of, unknown_project
 from tuner.core.errors import BadInputError, ServiceUnavailableError
 from tuner.core.urls import redact
-from tuner.core.wire.common import PROJECT_ENV, Id
+from tuner.core.wire.common import PROJECT_ENV, Id, describe_invalid
 from tuner.core.wire.jobs import (
     JobClaim,
     JobCreate,
@@ -104,10 +103,20 @@ class EmbeddedStore:
                 f"cannot reach the database at {redact(self.url)}: {reason}"
             ) from None
 
-    def recommend(self, params: Mapping[str, Any]) -> RecommendationPublic:
-        query = _parse(RecommendationQuery, params, "query")
+    def recommend(self, query: RecommendationQuery) -> RecommendationPublic:
         with self._prepared_db() as db:
-            return service.recommend(db, query, project_id=self._owner.project)
+            return service.recommend(db, query, project_id=self._project_of(db, query.project))
+
+    def _project_of(self, db: Database, name: str | None) -> int:
+        """The project a question names (whoever opens the database may read any), else
+        the one the store was opened in."""
+        if name is None or name == self.project:
+            return self._owner.project
+        with db.session() as session:
+            found = project_id_of(session, name)
+        if found is None:
+            raise unknown_project(name)
+        return found
 
     def upload_profile(self, document: Mapping[str, Any]) -> ProfilePublic:
         body = _parse(ProfileCreate, document, "body")

@@ -3,7 +3,6 @@ status per error code. The client rebuilds the same exception type from ``code``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuner.core.errors import RateLimitedError, TunerError
+from tuner.core.wire.common import describe_invalid
 
 STATUS_BY_CODE = {
     "bad_input": 422,
@@ -35,23 +35,6 @@ def error_body(
     if fields is not None:
         error["fields"] = fields
     return {"error": error}
-
-
-def describe_invalid(
-    errors: Iterable[Mapping[str, Any]], *, location: Sequence[str] = ()
-) -> tuple[str, list[dict[str, Any]]]:
-    """The message and the ``fields`` of a 422 from pydantic's errors; ``location``
-    ("query", "body", "path") prefixes each error's own location."""
-    fields = [
-        {
-            "location": [*location, *(str(part) for part in err.get("loc", ()))],
-            "message": str(err.get("msg", "")),
-            "type": str(err.get("type", "")),
-        }
-        for err in errors
-    ]
-    summary = "; ".join(f"{'.'.join(f['location'])}: {f['message']}" for f in fields[:5])
-    return f"invalid request: {summary}", fields
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -17,17 +17,20 @@ from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import Request
-from pydantic import ValidationError
 
 from api import service
-from api.errors import STATUS_BY_CODE, describe_invalid
+from api.errors import STATUS_BY_CODE
 from tuner.core import plan
-from tuner.core.errors import TunerError
+from tuner.core.errors import BadInputError, TunerError
 from tuner.core.parallel import PARALLEL_MODES
+from tuner.core.shape import MeshShape
 from tuner.core.wire.recommendation import RecommendationQuery, recommend_command
 
-# What the calculator's form asks, named as the API's query parameters are, so that the
-# page's URL carries the question and the API answers the same query string.
+# What the calculator's form asks, in the form's order: the one question's own fields
+# (``RecommendationQuery``, tested to stay so), named as the API's query parameters are, so
+# that the page's URL carries the question and the API answers the same query string; but
+# the project (the page's project menu) and a packing budget (a collator's setting, asked
+# of the API or `tuner recommend`).
 QUESTION_FIELDS = (
     "workload",
     "device",
@@ -38,6 +41,7 @@ QUESTION_FIELDS = (
     "seq_len",
     "tp",
 )
+NOT_ON_THE_FORM = ("project", "tokens_per_micro_batch")
 POLICIES = plan.POLICIES
 MODES = PARALLEL_MODES
 DEFAULT_GLOBAL_BATCH = 256
@@ -76,6 +80,15 @@ def default_global_batch(max_micro_batch_size: int, data_parallel: int) -> int:
     return -(-chosen // data_parallel) * data_parallel
 
 
+def default_mesh(world_size: int, tp: int) -> MeshShape:
+    """The newest run's mesh (``tp``) at the world size asked, where it is one there (the
+    shape's own rule); else no mesh."""
+    try:
+        return MeshShape(world_size, tp)
+    except BadInputError:
+        return MeshShape(world_size)
+
+
 def read_question(params: Mapping[str, str], defaults: Mapping[str, str]) -> dict[str, str]:
     """The form's fields: each as the query string gives it, else its default."""
     question = {name: str(defaults.get(name, "")) for name in QUESTION_FIELDS}
@@ -90,10 +103,9 @@ async def calculate(request: Request, question: dict[str, str], *, project_id: i
     sends."""
     asked = {name: value for name, value in question.items() if value != ""}
     try:
-        query = RecommendationQuery.model_validate(asked)
-    except ValidationError as exc:
-        message, _ = describe_invalid(exc.errors(), location=("query",))
-        return Calculation(question, error=message, status=422)
+        query = RecommendationQuery.read(asked)
+    except BadInputError as exc:
+        return Calculation(question, error=exc.message, status=422)
     try:
         # As the route: in a worker thread, a few answers at a time.
         answer = await service.in_answer_thread(

@@ -8,8 +8,10 @@ from datetime import UTC, datetime
 
 from jinja2 import Environment
 
+from tuner.core.errors import BadInputError
 from tuner.core.parallel import SIMULATED_RANKS_NOTE
 from tuner.core.plan import format_runs
+from tuner.core.shape import MeshShape
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -102,10 +104,13 @@ def oom_cap(oom_limit: int) -> str:
 
 
 def mesh_label(world_size: int, tp: int) -> str:
-    """A mesh as its badge reads: ``2 × 2 mesh`` (dp × tp); ``""`` without one."""
-    if tp <= 1 or world_size % tp:
+    """A mesh as its badge reads: ``2 × 2 mesh`` (dp × tp); ``""`` without one (or where
+    the numbers make none, by the shape's own rules)."""
+    try:
+        mesh = MeshShape(world_size, tp)
+    except BadInputError:
         return ""
-    return f"{world_size // tp} × {tp} mesh"
+    return f"{mesh} mesh" if mesh.is_mesh else ""
 
 
 def mode_label(mode: str, world_size: int) -> str:

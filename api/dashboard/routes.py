@@ -244,17 +244,15 @@ async def landing_page(request: Request, db: DatabaseDep, principal: ReadAccess)
         world = int(asked_world) if asked_world.isdigit() and int(asked_world) > 0 else None
         # The newest run's mesh, where the world size asked (or its own) is one: left
         # blank (1) without one, so questions read as before meshes.
-        tp = newest.tp if newest.tp > 1 and (world or newest.world_size) % newest.tp == 0 else 1
+        mesh = calculator.default_mesh(world or newest.world_size, newest.tp)
         defaults = {
             "workload": newest.workload_key,
             "device": newest.device_key,
             "world_size": str(newest.world_size),
             "parallel": newest.parallel_mode,
-            "tp": str(tp) if tp > 1 else "",
+            "tp": str(mesh.tp) if mesh.is_mesh else "",
             "global_batch_size": str(
-                calculator.default_global_batch(
-                    newest.max_micro_batch_size, (world or newest.world_size) // tp
-                )
+                calculator.default_global_batch(newest.max_micro_batch_size, mesh.dp)
             ),
         }
         question = calculator.read_question(params, defaults)
@@ -346,17 +344,16 @@ async def profile_page(
 
     detail, variants, others = await run_in_threadpool(read)
     profile, probe = detail.profile, detail.at_max
+    mesh = calculator.default_mesh(profile.world_size, profile.parallel.tp)
     defaults = {
         "workload": profile.workload_key,
         "device": profile.device_key,
         "world_size": str(profile.world_size),
         "parallel": profile.parallel.mode,
         # A mesh's tp; left blank (1) without one, so questions read as before.
-        "tp": str(profile.parallel.tp) if profile.parallel.tp > 1 else "",
+        "tp": str(mesh.tp) if mesh.is_mesh else "",
         "global_batch_size": str(
-            calculator.default_global_batch(
-                profile.max_micro_batch_size, profile.world_size // profile.parallel.tp
-            )
+            calculator.default_global_batch(profile.max_micro_batch_size, mesh.dp)
         ),
     }
     # The page's profile fixes the workload and the device; the form asks the rest.

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from api import service
 from api.db import Database
-from api.deps import DatabaseDep, ReadAccess
+from api.deps import DatabaseDep, ReadAccess, named_project
 from tuner.core.errors import BadInputError
 from tuner.core.wire.recommendation import (
     MAX_FLAT_SPLIT,
@@ -32,6 +32,7 @@ async def get_recommendation(
     db: DatabaseDep,
 ) -> Response:
     """Settings for a global batch on a device: measured, or estimated from another device."""
+    caller = await named_project(request, caller, query.project)
     # Never on the event loop that answers /healthz, and a few answers at a time.
     return await service.in_answer_thread(request, respond, db, query, caller.project)
 

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from api import models
 from api.models import Project
 from api.security import check_project_name
+from tuner.core.errors import NotFoundError
 
 
 def ensure_project(session: Session, name: str) -> Project:
@@ -27,6 +28,13 @@ def project_id_of(session: Session, name: str) -> int | None:
     """The id of the project ``name``, or None when there is none."""
     found: int | None = session.scalar(select(Project.id).where(Project.name == name))
     return found
+
+
+def unknown_project(name: str) -> NotFoundError:
+    """The error for a project name no project bears."""
+    return NotFoundError(
+        f"no project is named {name!r}: `tuner token create --project {name}` creates it"
+    )
 
 
 def project_names(session: Session) -> dict[int, str]:

@@ -11,7 +11,11 @@ from pathlib import Path
 
 from tuner.client.answer_cache import MAX_FILE_BYTES, AnswerCache, Question
 from tuner.core import plan
-from tuner.core.wire.recommendation import MAX_GLOBAL_BATCH_SIZE, RecommendationPublic
+from tuner.core.wire.recommendation import (
+    MAX_GLOBAL_BATCH_SIZE,
+    RecommendationPublic,
+    RecommendationQuery,
+)
 
 
 def _answer(global_batch_size: int, m_star: int) -> RecommendationPublic:
@@ -40,12 +44,10 @@ def _answer(global_batch_size: int, m_star: int) -> RecommendationPublic:
 
 def _question(global_batch_size: int) -> Question:
     return Question(
-        service="http://tuner.test",
-        workload="gpt-test",
-        device="cpu-test",
-        global_batch_size=global_batch_size,
-        world_size=1,
-        policy="balanced",
+        "http://tuner.test",
+        RecommendationQuery(
+            workload="gpt-test", device="cpu-test", global_batch_size=global_batch_size
+        ),
     )
 
 

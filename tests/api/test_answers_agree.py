@@ -34,6 +34,7 @@ from tests.dashboard.test_world_sizes import DDP_KEY, ddp_profile
 from tests.services import ServerThread
 from tuner.core.errors import TunerError
 from tuner.core.results import AffineFit, Profile
+from tuner.core.wire.recommendation import RecommendationQuery
 
 KiB = 1024
 
@@ -185,7 +186,8 @@ def by_route(
 def by_embedded(service: Service, question: dict[str, str]) -> tuple[Said, bytes]:
     embedded = EmbeddedStore(service.database_url)
     try:
-        public = embedded.recommend(_asked(question))
+        # The question read as every surface in this process reads it.
+        public = embedded.recommend(RecommendationQuery.read(_asked(question)))
     except TunerError as exc:
         return Said(None, STATUS_BY_CODE[exc.code], exc.message), b""
     finally:

@@ -7,10 +7,11 @@ real server, the client's embedded store over the same database, the dashboard's
 calculator (the landing page as a browser receives it) and, for one question a store,
 ``tuner recommend --json``; they must say the same, field by field (but for the answer's
 age), refusals included; what the framework integrations set is the answer's equal
-split. Where the answer is measured from one profile with nothing
-capping it, the plan made offline from that profile alone (``tuner.answer.local``, what
-``plan_training`` trains with when the service is away) must say the same too. On SQLite
-and PostgreSQL.
+split, asked as the integrations ask (the question ``plan_training`` builds, through the
+client), set as Lightning and the Trainer take it. Where the answer is measured from one
+profile with nothing capping it, the plan made offline from that profile alone
+(``tuner.answer.local``, what ``plan_training`` trains with when the service is away)
+must say the same too. On SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -42,12 +43,19 @@ from tests.api.test_answers_agree import (
 from tests.api.test_recommend_cli import tuner
 from tests.dashboard.data import store
 from tuner.answer.local import answer_from
+from tuner.client import TunerClient
 from tuner.core.parallel import Parallel
 from tuner.core.plan import POLICIES, Recommendation
 from tuner.core.results import Profile
 from tuner.core.shape import MeshShape
 from tuner.core.speeds import SpeedCurve, TimedSize
-from tuner.train.integrations import EqualMicroBatchWarning, lightning_arguments
+from tuner.core.wire.recommendation import RecommendationQuery
+from tuner.train.integrations import (
+    EqualMicroBatchWarning,
+    equal_settings,
+    huggingface_arguments,
+    lightning_arguments,
+)
 
 DEVICES = [
     ("dev-a".ljust(24, "a"), "cpu-a", 200 * MiB),
@@ -194,6 +202,19 @@ def test_every_surface_gives_the_same_answer(
     )
     ids = _fill(service, profiles, reports)
     asked_all = data.draw(st.lists(question(), min_size=2, max_size=3), label="questions")
+    with TunerClient(service.database_url, cache_dir=tmp_path_factory.mktemp("asks")) as client:
+        _every_surface(service, tmp_path_factory, client, profiles, ids, asked_all)
+
+
+def _every_surface(
+    service: Service,
+    tmp_path_factory: pytest.TempPathFactory,
+    client: TunerClient,
+    profiles: list[Profile],
+    ids: list[int],
+    asked_all: list[dict[str, str]],
+) -> None:
+    """Each question asked of every surface, which must agree."""
     for number, asked in enumerate(asked_all):
         route, _ = by_route(service, asked)
         assert route.status != 500, route
@@ -214,13 +235,31 @@ def test_every_surface_gives_the_same_answer(
             plan = Recommendation.model_validate(
                 {k: v for k, v in answer.items() if k in PLAN_FIELDS}
             )
+            # The integrations ask the question plan_training builds (the answer's keys,
+            # mesh, parallel mode and policy) through the client, and are answered alike.
+            asked_by_integrations = RecommendationQuery.at(
+                plan.mesh,
+                workload=answer["workload_key"],
+                device=answer["device_key"],
+                global_batch_size=plan.global_batch_size,
+                parallel=answer["parallel"],
+                policy=plan.policy,
+            )
+            integrated = client.ask(asked_by_integrations)
+            assert integrated.model_dump(mode="json", exclude={"profile_age_s"}) == answer
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", EqualMicroBatchWarning)
-                settings_for = lightning_arguments(plan, world_size=plan.world_size)
+                settings_for = lightning_arguments(integrated, world_size=plan.world_size)
+                trainer_for = huggingface_arguments(integrated, world_size=plan.world_size)
             equal = answer["equal"]
+            assert equal_settings(integrated) == (equal["micro_batch_size"], equal["grad_accum"])
             assert settings_for == {
                 "batch_size": equal["micro_batch_size"],
                 "accumulate_grad_batches": equal["grad_accum"],
+            }
+            assert trainer_for == {
+                "per_device_train_batch_size": equal["micro_batch_size"],
+                "gradient_accumulation_steps": equal["grad_accum"],
             }
             assert (
                 equal["micro_batch_size"] * equal["grad_accum"] * plan.mesh.dp

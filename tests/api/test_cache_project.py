@@ -3,7 +3,6 @@ switch of TUNER_PROJECT never serves another project's answer."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,21 @@ from tuner.core.plan import recommend
 from tuner.core.wire.recommendation import RecommendationPublic, RecommendationQuery
 
 
-def test_the_project_is_part_of_the_key_but_not_of_the_query(tmp_path: Path) -> None:
-    asked = Question("http://127.0.0.1:8000", "wl", "dev", 64, 1, "balanced")
-    other = dataclasses.replace(asked, project="team-b")
+def test_the_project_is_part_of_the_key(tmp_path: Path) -> None:
+    query = RecommendationQuery(workload="wl", device="dev", global_batch_size=64)
+    asked = Question("http://127.0.0.1:8000", query)
+    other = Question(asked.service, query.model_copy(update={"project": "team-b"}))
     assert asked.digest() != other.digest()
-    assert asked.params() == other.params()  # the project travels as a header
-    assert "project" not in other.params()
     assert other.document()["project"] == "team-b"
+    # A question asked as before projects and meshes keeps its file's name.
+    assert asked.document() == {
+        "service": "http://127.0.0.1:8000",
+        "workload": "wl",
+        "device": "dev",
+        "global_batch_size": 64,
+        "world_size": 1,
+        "policy": "balanced",
+    }
     cache = AnswerCache(tmp_path)
     plan = recommend(max_micro_batch_size=16, probes=(), global_batch_size=64)
     answer = RecommendationPublic.model_validate(

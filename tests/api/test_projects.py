@@ -30,6 +30,7 @@ from tests.api.test_recommend_cli import tuner
 from tests.services import ServerThread
 from tuner.client import TunerClient
 from tuner.core.errors import NotFoundError, PermissionDeniedError
+from tuner.core.wire.recommendation import RecommendationQuery
 
 A_KEY, A_NAME, A_DEVICE, A_FAMILY = "a" * 24, "team-a-model", "d" * 24, "f" * 24
 ASK_A = {"workload": A_NAME, "device": "cpu-test", "global_batch_size": "64"}
@@ -221,12 +222,43 @@ def test_the_embedded_store_reads_the_project_it_is_given(
         try:
             if expected is None:
                 with pytest.raises(NotFoundError):
-                    embedded.recommend(ASK_A)
+                    embedded.recommend(RecommendationQuery.read(ASK_A))
             else:
-                answer = embedded.recommend(ASK_A)
+                answer = embedded.recommend(RecommendationQuery.read(ASK_A))
                 assert (answer.max_micro_batch_size, answer.profile_id) == expected
         finally:
             embedded.close()
+
+
+def test_a_question_that_names_its_project_is_answered_there_by_the_headers_rules(
+    teams: Teams, a_answer: tuple[int, int]
+) -> None:
+    """``RecommendationQuery.project``: on the route, as the X-Tuner-Project header would
+    (a token of every project acts in it, another token's own only, never two names); in
+    the embedded store, whatever project it was opened in."""
+    del a_answer  # A's profile is stored
+    with teams.client("a") as a:
+        as_a = _answer(a)
+    with teams.client("root") as root:
+        assert _answer(root, project="default") == as_a
+        in_b = root.get("/recommendation", params={**ASK_A, "project": "team-b"})
+        assert in_b.status_code in (200, 404), in_b.text  # team B's rows, if any
+        assert in_b.json().get("profile_id") != as_a[1]
+    with teams.client("b") as b:
+        refused = b.get("/recommendation", params={**ASK_A, "project": "default"})
+        assert refused.status_code == 403, refused.text
+    with teams.client("a", **{"X-Tuner-Project": "default"}) as a:
+        both = a.get("/recommendation", params={**ASK_A, "project": "team-b"})
+        assert both.status_code == 422, both.text
+        assert "name one project" in both.json()["error"]["message"]
+    embedded = EmbeddedStore(teams.database_url, project="nobody-here")
+    try:
+        answer = embedded.recommend(RecommendationQuery.read({**ASK_A, "project": "default"}))
+        assert (answer.max_micro_batch_size, answer.profile_id) == as_a
+        with pytest.raises(NotFoundError, match="no project is named 'nope'"):
+            embedded.recommend(RecommendationQuery.read({**ASK_A, "project": "nope"}))
+    finally:
+        embedded.close()
 
 
 def test_the_dashboard_shows_the_tokens_project_and_an_admin_switches(

@@ -273,6 +273,7 @@ def test_openapi_documents_the_questions_parameters(http: httpx.Client) -> None:
         "seq_len",
         "tokens_per_micro_batch",
         "tp",
+        "project",
         "split",
     }
     assert all(p["in"] == "query" for p in parameters.values())

@@ -83,6 +83,29 @@ def test_the_command_gives_the_answer_it_was_written_from(
     assert from_cli == expected
 
 
+def test_the_command_asks_in_the_project_it_names(
+    served: tuple[ServerThread, str],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--project`` is the question's project: the service answers there (its own, here)
+    or refuses in its own words; a question the service would refuse is refused before it
+    is sent, in the route's words."""
+    server, token = served
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
+    asked = ["recommend", "--workload", "w" * 24, "--device", "d" * 24, "--global-batch-size"]
+    reach = ["--json", "--url", server.url, "--token", token]
+    assert main([*asked, "100", "--project", "default", *reach]) == 0
+    assert json.loads(capsys.readouterr().out)["workload_key"] == "w" * 24
+    assert main([*asked, "100", "--project", "nope", *reach]) != 0
+    assert "no project is named 'nope'" in capsys.readouterr().err
+    assert main([*asked, "100", "--world-size", "3", *reach]) != 0
+    assert "query.world_size: Value error, global batch size 100 is not divisible" in (
+        capsys.readouterr().err
+    )
+
+
 def test_the_command_spells_out_every_choice_the_answer_made() -> None:
     answer = RecommendationPublic.model_validate(
         {

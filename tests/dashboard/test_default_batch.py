@@ -1,12 +1,20 @@
 """The global batch the calculator asks before the reader asks their own: a power of two
 near four of the largest micro batches on each data-parallel rank, at least 256, a
-multiple of the data-parallel ranks."""
+multiple of the data-parallel ranks; the mesh it asks at; the form's fields are the one
+question's."""
 
 from __future__ import annotations
 
 import pytest
 
-from api.dashboard.calculator import default_global_batch
+from api.dashboard.calculator import (
+    NOT_ON_THE_FORM,
+    QUESTION_FIELDS,
+    default_global_batch,
+    default_mesh,
+)
+from tuner.core.shape import MeshShape
+from tuner.core.wire.recommendation import RecommendationQuery
 
 
 @pytest.mark.parametrize(
@@ -25,3 +33,19 @@ def test_a_power_of_two_near_four_micro_batches_a_rank(
     max_micro_batch_size: int, data_parallel: int, expected: int
 ) -> None:
     assert default_global_batch(max_micro_batch_size, data_parallel) == expected
+
+
+def test_the_form_asks_the_one_questions_fields() -> None:
+    asked = set(QUESTION_FIELDS) | set(NOT_ON_THE_FORM)
+    assert asked == set(RecommendationQuery.model_fields)
+    assert len(asked) == len(QUESTION_FIELDS) + len(NOT_ON_THE_FORM)
+
+
+@pytest.mark.parametrize(
+    ("world_size", "tp", "expected"),
+    [(4, 2, MeshShape(4, 2)), (6, 4, MeshShape(6)), (8, 1, MeshShape(8))],
+)
+def test_the_newest_runs_mesh_where_the_world_asked_makes_one(
+    world_size: int, tp: int, expected: MeshShape
+) -> None:
+    assert default_mesh(world_size, tp) == expected

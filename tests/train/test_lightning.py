@@ -38,7 +38,8 @@ def client(tmp_path: Path) -> Iterator[TunerClient]:
 
 
 class Snapshot(pl.Callback):
-    """What the module, the Trainer's optimizer and the RNG hold when fit starts."""
+    """What the module, the Trainer (its stage, step counters, logged metrics), its
+    optimizer and the RNG hold when fit starts."""
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.weights = {k: v.clone() for k, v in pl_module.state_dict().items()}
@@ -46,6 +47,14 @@ class Snapshot(pl.Callback):
         self.training = [m.training for m in pl_module.modules()]
         self.rng = torch.get_rng_state()
         self.optimizer_state = len(trainer.optimizers[0].state)
+        self.optimizer_groups = [dict(g, params=None) for g in trainer.optimizers[0].param_groups]
+        self.trainer_state = (
+            trainer.state.fn,
+            trainer.state.stage,
+            trainer.global_step,
+            trainer.current_epoch,
+            dict(trainer.callback_metrics),
+        )
 
 
 def test_the_callback_profiles_the_modules_own_step_on_its_longest_sample(
@@ -75,6 +84,9 @@ def test_the_callback_profiles_the_modules_own_step_on_its_longest_sample(
     assert after.training == before.training
     assert torch.equal(after.rng, before.rng)
     assert after.optimizer_state == before.optimizer_state == 0
+    assert after.optimizer_groups == before.optimizer_groups
+    # ... and the Trainer's stage, step counters and logged metrics (self.log is silenced).
+    assert after.trainer_state == before.trainer_state
     # The profile is stored like any other, under the module's name.
     (stored,) = client.list_profiles().data
     assert stored.max_micro_batch_size == found

@@ -22,12 +22,11 @@ def answer_from(
     """The answer for ``global_batch_size`` over ``mesh`` (the profile's own ranks by
     default) from ``profile`` alone, asked in the profile's parallel mode."""
     mesh = mesh or MeshShape(profile.world_size, profile.parallel.tp)
-    question = RecommendationQuery(
+    question = RecommendationQuery.at(
+        mesh,
         workload=profile.workload_key,
         device=profile.device_key,
         global_batch_size=global_batch_size,
-        world_size=mesh.world_size,
-        tp=mesh.tp,
         parallel=profile.parallel.mode,
         policy=policy,
     )

@@ -1,10 +1,10 @@
 """The last answer to each recommendation question, kept on disk for when the service is
 out of reach. Torch-free.
 
-One small JSON file per question, named by the SHA-256 of the whole question (service URL,
-workload, device, global batch, world size, mesh, parallel mode, policy, length, and the
-project it is asked in), so processes that ask different
-questions never touch the same file. A file is written whole to a temporary name and
+One small JSON file per question, named by the SHA-256 of the whole wire question
+(:class:`RecommendationQuery`: workload, device, global batch, mesh, parallel mode, policy,
+length, and the project it is asked in) and the service URL, so processes that ask
+different questions never touch the same file. A file is written whole to a temporary name and
 moved into place with ``os.replace``: a reader sees the old answer or the new one, never
 half of one, even with many ranks writing at once.
 
@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,6 @@ from typing import Any
 from platformdirs import user_cache_path
 from pydantic import ValidationError
 
-from tuner.core.shape import MeshShape
 from tuner.core.urls import redact
 from tuner.core.wire.recommendation import RecommendationPublic, RecommendationQuery
 
@@ -45,79 +44,44 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class Question:
-    """What a recommendation answers; the service URL is part of it."""
+    """What a recommendation answers: the wire question (the project it is asked in
+    included) and the service URL it is asked of."""
 
     service: str
-    workload: str
-    device: str
-    global_batch_size: int
-    world_size: int
-    policy: str
-    parallel: str | None = None  # none, ddp or fsdp; None: the workload's own mode
-    seq_len: int | None = None  # tokens per sequence; None: the workload's own shape
-    tokens_per_micro_batch: int | None = None  # packed sequences' token budget
-    tp: int | None = None  # tensor-parallel ranks of a 2-D mesh; None (or 1): no mesh
-    # The project it is asked in (TUNER_PROJECT; None: the token's own or the default):
-    # part of the key, so that another project's answer is never served from the cache.
-    project: str | None = None
-
-    @classmethod
-    def of(cls, query: RecommendationQuery, *, service: str, project: str | None) -> Question:
-        """The wire question ``query``, asked of ``service`` in ``project``: its cache key."""
-        return cls(
-            service,
-            query.workload,
-            query.device,
-            query.global_batch_size,
-            query.world_size,
-            query.policy,
-            query.parallel,
-            query.seq_len,
-            query.tokens_per_micro_batch,
-            query.tp if query.tp != 1 else None,
-            project,
-        )
-
-    def params(self) -> dict[str, Any]:
-        """The question as the service's query parameters (the project travels apart, as
-        the request's project header or the embedded store's project)."""
-        document = self._fields()
-        del document["service"]
-        document.pop("project", None)
-        return document
+    query: RecommendationQuery
 
     def document(self) -> dict[str, Any]:
-        """The question as written into its file, the service's password left out."""
-        return {**self._fields(), "service": redact(self.service)}
-
-    def _fields(self) -> dict[str, Any]:
-        # Left out when not given, so a question asked as before keeps its query and file.
-        document = asdict(self)
-        for optional in ("parallel", "seq_len", "tokens_per_micro_batch", "tp", "project"):
-            if document[optional] is None:
-                del document[optional]
-        if document.get("tp") == 1:  # the default, as the service's key leaves it out
+        """The question as written into its file, the service's password left out: every
+        field given (the project too, so that another project's answer is never served from
+        the cache), ``tp`` left out at 1 as before meshes, so a question asked as before
+        keeps its file."""
+        document = self.query.model_dump(
+            exclude_none=True, include=set(RecommendationQuery.model_fields)
+        )
+        if document.get("tp") == 1:
             del document["tp"]
-        return document
+        return {**document, "service": redact(self.service)}
 
     def digest(self) -> str:
         canonical = json.dumps(self.document(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def describe(self) -> str:
-        ranks = f" over {self.world_size} ranks" if self.world_size > 1 else ""
-        mesh = MeshShape(self.world_size, self.tp or 1)
+        query = self.query
+        mesh = query.mesh
+        ranks = f" over {mesh.world_size} ranks" if mesh.world_size > 1 else ""
         if mesh.is_mesh:
             ranks += f" as a {mesh.where()}"
-        if self.parallel not in (None, "none"):
-            ranks += f" under {self.parallel}"
-        if self.seq_len is not None:
-            ranks += f" at seq_len {self.seq_len}"
-        if self.tokens_per_micro_batch is not None:
-            ranks += f" packed to {self.tokens_per_micro_batch} tokens per micro batch"
+        if query.parallel not in (None, "none"):
+            ranks += f" under {query.parallel}"
+        if query.seq_len is not None:
+            ranks += f" at seq_len {query.seq_len}"
+        if query.tokens_per_micro_batch is not None:
+            ranks += f" packed to {query.tokens_per_micro_batch} tokens per micro batch"
+        project = f" in project {query.project!r}" if query.project is not None else ""
         return (
-            f"workload {self.workload!r} on device {self.device!r}, global batch "
-            f"{self.global_batch_size}{ranks}, policy {self.policy}"
+            f"workload {query.workload!r} on device {query.device!r}, global batch "
+            f"{query.global_batch_size}{ranks}, policy {query.policy}{project}"
         )
 
 

@@ -24,7 +24,6 @@ answer it got to the same question (kept on disk) or the caller's fallback, with
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 import warnings
@@ -44,7 +43,7 @@ from tuner.core.errors import BadInputError, ServiceUnavailableError, TunerError
 from tuner.core.reports import ProfileReport
 from tuner.core.results import Profile
 from tuner.core.shape import MeshShape
-from tuner.core.wire.common import API_PREFIX, PROJECT_ENV
+from tuner.core.wire.common import API_PREFIX
 from tuner.core.wire.jobs import JobPublic
 from tuner.core.wire.oom_reports import OomReportPublic
 from tuner.core.wire.profiles import ProfilePublic, ProfilesPublic
@@ -88,7 +87,7 @@ Fallback = tuple[int, int] | plan.Recommendation
 
 class ClientSettings(BaseSettings):
     """Where the service is and how to reach it: ``TUNER_URL``, ``TUNER_TOKEN``,
-    ``TUNER_TIMEOUT``, ``TUNER_RETRIES``, ``TUNER_CACHE_DIR``."""
+    ``TUNER_TIMEOUT``, ``TUNER_RETRIES``, ``TUNER_CACHE_DIR``, ``TUNER_PROJECT``."""
 
     model_config = SettingsConfigDict(env_prefix="TUNER_", extra="ignore")
 
@@ -98,6 +97,10 @@ class ClientSettings(BaseSettings):
     retries: int = Field(default=3, ge=0, description="retries of a request that may succeed")
     cache_dir: Path | None = Field(
         default=None, description="where answers are kept for offline use"
+    )
+    project: str | None = Field(
+        default=None,
+        description="the project questions are asked in, when a question names none",
     )
 
 
@@ -136,9 +139,10 @@ class TunerClient:
             backoff=backoff,
         )
         self.url = self._store.url
-        # The project the store acts in, read as the transport and the embedded store read
-        # it when opened: part of every question's cache key.
-        self._project = os.environ.get(PROJECT_ENV) or None
+        # The project a question names none of is asked in (TUNER_PROJECT, which the
+        # transport and the embedded store also read when opened): put on the question,
+        # so that it is part of its cache key.
+        self._project = settings.project or None
         directory = cache_dir if cache_dir is not None else settings.cache_dir
         self._cache = AnswerCache(Path(directory) if directory else default_cache_dir())
         self._warned: set[object] = set()
@@ -246,20 +250,20 @@ class TunerClient:
         question. With neither, the ``ServiceUnavailableError`` is raised. Answers from the
         service (no profile, bad input, no access) are raised as they are, never masked.
         """
-        question = Question(
-            self.url,
-            workload,
-            device,
-            global_batch_size,
-            world_size,
-            policy,
-            parallel,
-            seq_len,
-            tokens_per_micro_batch,
-            tp if tp != 1 else None,
-            self._project,
+        query = RecommendationQuery.read(
+            {
+                "workload": workload,
+                "device": device,
+                "global_batch_size": global_batch_size,
+                "world_size": world_size,
+                "tp": tp,
+                "parallel": parallel,
+                "policy": policy,
+                "seq_len": seq_len,
+                "tokens_per_micro_batch": tokens_per_micro_batch,
+            }
         )
-        return self._answer(question, fallback)
+        return self._ask(query, fallback)
 
     @overload
     def ask(self, query: RecommendationQuery, *, fallback: None = None) -> RecommendationPublic: ...
@@ -270,17 +274,21 @@ class TunerClient:
     def ask(
         self, query: RecommendationQuery, *, fallback: Fallback | None = None
     ) -> plan.Recommendation:
-        """:meth:`recommend` for the wire question itself (``RecommendationQuery``: workload,
-        device, global batch, mesh, parallel mode, policy, length), the one object every
-        surface builds; its offline cache key is the whole question and the project it is
-        asked in (``TUNER_PROJECT``)."""
-        return self._answer(Question.of(query, service=self.url, project=self._project), fallback)
+        """The answer to the wire question itself (``RecommendationQuery``: workload,
+        device, global batch, mesh, parallel mode, policy, length, project), the one object
+        every surface builds; :meth:`recommend` builds it from keywords. A question that
+        names no project is asked in the client's (``TUNER_PROJECT``); its offline cache
+        key is the whole question, the project included."""
+        return self._ask(query, fallback)
 
-    def _answer(self, question: Question, fallback: Fallback | None) -> plan.Recommendation:
+    def _ask(self, query: RecommendationQuery, fallback: Fallback | None) -> plan.Recommendation:
+        if query.project is None and self._project is not None:
+            query = query.model_copy(update={"project": self._project})
+        question = Question(self.url, query)
         # Checked now, not when first needed: a wrong fallback must not wait for an outage.
-        backup = None if fallback is None else _fallback_answer(fallback, question)
+        backup = None if fallback is None else _fallback_answer(fallback, query)
         try:
-            answer = self._store.recommend(question.params())
+            answer = self._store.recommend(query)
         except ServiceUnavailableError as exc:
             return self._offline_answer(question, exc, backup)
         try:
@@ -304,7 +312,7 @@ class TunerClient:
         cached = self._cache.load(question)
         if cached is not None:
             self.warn_once(
-                question,
+                question.digest(),
                 f"{error.message}; using its answer of "
                 f"{cached.saved_at.isoformat(timespec='seconds')} from the offline cache for "
                 f"{question.describe()}: micro batch {cached.answer.micro_batch_size}",
@@ -319,7 +327,7 @@ class TunerClient:
             )
         if backup is not None:
             self.warn_once(
-                question,
+                question.digest(),
                 f"{error.message}; no answer for {question.describe()} is cached, so the "
                 f"fallback is used: micro batch {backup.micro_batch_size}",
                 TunerOfflineWarning,
@@ -588,47 +596,49 @@ def _printed_profile(document: Mapping[str, Any]) -> Profile:
         ) from None
 
 
-def _fallback_answer(fallback: Fallback, question: Question) -> OfflineRecommendation:
-    """The caller's fallback as an answer to ``question``, checked against it."""
-    per_rank = plan.per_rank_batch(
-        question.global_batch_size, MeshShape(question.world_size, question.tp or 1)
-    )
-    if question.policy not in plan.POLICIES:
-        raise BadInputError(
-            f"unknown policy {question.policy!r}: use one of {', '.join(plan.POLICIES)}"
-        )
+def _fallback_answer(fallback: Fallback, query: RecommendationQuery) -> OfflineRecommendation:
+    """The caller's fallback as an answer to ``query``, checked against it."""
+    per_rank = plan.per_rank_batch(query.global_batch_size, query.mesh)
     if isinstance(fallback, plan.Recommendation):
-        asked = (question.global_batch_size, question.world_size)
-        given = (fallback.global_batch_size, fallback.world_size)
+        asked = (query.global_batch_size, query.mesh)
+        given = (fallback.global_batch_size, fallback.mesh)
         if given != asked:
             raise BadInputError(
-                f"the fallback is for global batch {given[0]} over {given[1]} ranks, but the "
-                f"question is for {asked[0]} over {asked[1]}: give a fallback for this batch"
+                f"the fallback is for global batch {given[0]} over {_ranks(given[1])}, but "
+                f"the question is for {asked[0]} over {_ranks(asked[1])}: give a fallback "
+                "for this batch"
             )
         settings = fallback.model_dump(include=set(plan.Recommendation.model_fields))
     else:
-        settings = _settings_of(fallback, question, per_rank)
+        settings = _settings_of(fallback, query, per_rank)
     return OfflineRecommendation.model_validate(
         {
             **settings,
-            "workload": question.workload,
-            "device": question.device,
+            "workload": query.workload,
+            "device": query.device,
             "offline_reason": "",
         }
     )
 
 
-def _settings_of(fallback: tuple[int, int], question: Question, per_rank: int) -> dict[str, Any]:
+def _ranks(mesh: MeshShape) -> str:
+    return f"{mesh.world_size} ranks" + (f" as a {mesh.where()}" if mesh.is_mesh else "")
+
+
+def _settings_of(
+    fallback: tuple[int, int], query: RecommendationQuery, per_rank: int
+) -> dict[str, Any]:
     """``(micro_batch_size, grad_accum)`` as a recommendation's fields."""
     micro, accum = fallback
     if micro < 1:
         raise BadInputError(f"fallback {fallback!r}: the micro batch size must be at least 1")
-    expected = -(-per_rank // micro)  # ceil(B / W / micro): the last micro batch may be smaller
+    expected = -(-per_rank // micro)  # ceil(B / dp / micro): the last micro batch may be smaller
     if accum != expected:
         raise BadInputError(
             f"fallback {fallback!r} does not give {per_rank} samples per rank and step: with "
             f"micro batch {micro}, grad_accum must be {expected} (global batch = micro batch "
-            "× accumulation steps × world size; the last micro batch of a step may be smaller)"
+            "× accumulation steps × data-parallel ranks; the last micro batch of a step may "
+            "be smaller)"
         )
     micro = min(micro, per_rank)
     split = plan.split_runs(per_rank, micro)
@@ -636,11 +646,11 @@ def _settings_of(fallback: tuple[int, int], question: Question, per_rank: int) -
         "micro_batch_size": micro,
         "grad_accum": sum(count for _, count in split),
         "split": split,
-        "global_batch_size": question.global_batch_size,
-        "world_size": question.world_size,
+        "global_batch_size": query.global_batch_size,
+        "world_size": query.mesh.world_size,
         "per_rank_batch_size": per_rank,
-        "tp": question.tp or 1,
-        "policy": question.policy,
+        "tp": query.mesh.tp,
+        "policy": query.policy,
         "max_micro_batch_size": micro,
         "expected_peak_bytes": None,
         "expected_samples_per_second": None,

@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuner.client.transport import Transport
-from tuner.core.wire.common import API_PREFIX
+from tuner.core.wire.common import API_PREFIX, PROJECT_HEADER
 from tuner.core.wire.jobs import JobClaim, JobPublic, Lease
 from tuner.core.wire.oom_reports import OomReportPublic
 from tuner.core.wire.profiles import ProfilePublic, ProfilesPublic
-from tuner.core.wire.recommendation import RecommendationPublic
+from tuner.core.wire.recommendation import RecommendationPublic, RecommendationQuery
 from tuner.core.wire.workers import WorkerPublic
 
 
@@ -32,8 +32,12 @@ class RestStore:
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._transport.request(method, API_PREFIX + path, **kwargs)
 
-    def recommend(self, params: Mapping[str, Any]) -> RecommendationPublic:
-        answer = self._call("GET", "/recommendation", params=dict(params))
+    def recommend(self, query: RecommendationQuery) -> RecommendationPublic:
+        # The project travels as the request's header (this question's, over the client's).
+        params = query.params()
+        project = params.pop("project", None)
+        headers = {PROJECT_HEADER: project} if project is not None else None
+        answer = self._call("GET", "/recommendation", params=params, headers=headers)
         return RecommendationPublic.model_validate(answer)
 
     def upload_profile(self, document: Mapping[str, Any]) -> ProfilePublic:

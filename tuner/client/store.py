@@ -4,7 +4,8 @@ its implementation.
 ``http(s)://…`` is the service's REST API (:class:`tuner.client.rest.RestStore`); a
 database URL runs the service's own functions in this process, through the store the
 service declares for that URL's scheme (the ``tuner.stores`` entry points: ``sqlite``,
-``postgresql``, ``postgres``). Both take what would go on the wire (query parameters, JSON
+``postgresql``, ``postgres``). Both take the wire contract's models or what
+would go on the wire (the recommendation question as a :class:`RecommendationQuery`, JSON
 bodies), check it where the service does, and give back the wire contract's response
 schemas (:mod:`tuner.core.wire`), which are re-exported here for the worker (it reads the
 service only through this package).
@@ -22,7 +23,7 @@ from tuner.core.urls import redact
 from tuner.core.wire.jobs import JobClaim, JobPublic, Lease
 from tuner.core.wire.oom_reports import OomReportPublic
 from tuner.core.wire.profiles import ProfilePublic, ProfilesPublic
-from tuner.core.wire.recommendation import RecommendationPublic
+from tuner.core.wire.recommendation import RecommendationPublic, RecommendationQuery
 from tuner.core.wire.workers import WorkerPublic
 
 __all__ = ["JobClaim", "JobPublic", "Lease", "Store", "WorkerPublic", "open_store"]
@@ -40,7 +41,7 @@ class Store(Protocol):
     def close(self) -> None: ...
 
     # The client's calls
-    def recommend(self, params: Mapping[str, Any]) -> RecommendationPublic: ...
+    def recommend(self, query: RecommendationQuery) -> RecommendationPublic: ...
     def upload_profile(self, document: Mapping[str, Any]) -> ProfilePublic: ...
     def get_profile(self, profile_id: int) -> ProfilePublic: ...
     def list_profiles(self, params: Mapping[str, Any]) -> ProfilesPublic: ...

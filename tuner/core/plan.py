@@ -295,9 +295,13 @@ def _step_of(data: dict[str, Any]) -> tuple[list[Run], MeshShape, int, int] | No
         runs = [Run(int(size), int(count)) for size, count in raw]
     else:
         return None
-    if world < 1 or tp < 1 or world % tp or any(s < 1 or c < 1 for s, c in runs):
+    if any(s < 1 or c < 1 for s, c in runs):
         return None
-    return runs, MeshShape(world, tp), global_batch, largest
+    try:
+        mesh = MeshShape(world, tp)  # the shape's own rules (tp divides the world)
+    except BadInputError:
+        return None
+    return runs, mesh, global_batch, largest
 
 
 def _whole(value: object) -> TypeGuard[int]:

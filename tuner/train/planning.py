@@ -271,14 +271,13 @@ class _Planner:
 
     def question(self) -> RecommendationQuery:
         """The question this run asks, as every surface asks it."""
-        return RecommendationQuery(
+        return RecommendationQuery.at(
+            self.mesh,
             workload=self.workload_key,
             device=self.device_key,
             global_batch_size=self.global_batch_size,
-            world_size=self.mesh.world_size,
-            tp=self.mesh.tp,
             parallel=self.workload.parallel.mode,
-            policy=self.policy,  # type: ignore[arg-type]
+            policy=self.policy,
         )
 
     def ask(self, fallback: Fallback | None = None) -> plans.Recommendation:

@@ -75,6 +75,11 @@ def add_parser(commands: Any) -> None:
         "(default); max: largest fitting micro batch first, the remainder last; even: the best "
         "equal split (micro batches of one size); throughput: fastest measured",
     )
+    recommend.add_argument(
+        "--project",
+        default=None,
+        help="the project whose profiles answer (default: TUNER_PROJECT, else the token's own)",
+    )
     recommend.add_argument("--url", default=None, help="service URL (default: TUNER_URL)")
     recommend.add_argument("--token", default=None, help="API token (default: TUNER_TOKEN)")
     recommend.add_argument(
@@ -84,20 +89,16 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace, stderr: Console) -> int:
     from tuner.client import TunerClient
+    from tuner.core.wire.recommendation import RecommendationQuery
 
+    # The one question every surface asks (each of its fields is a flag of this command),
+    # checked here as the service checks it.
+    query = RecommendationQuery.read(
+        {name: getattr(args, name) for name in RecommendationQuery.model_fields}
+    )
     with TunerClient(args.url, token=args.token) as client:
         try:
-            answer = client.recommend(
-                workload=args.workload,
-                device=args.device,
-                global_batch_size=args.global_batch_size,
-                world_size=args.world_size,
-                parallel=args.parallel,
-                tp=args.tp,
-                policy=args.policy,
-                seq_len=args.seq_len,
-                tokens_per_micro_batch=args.tokens_per_micro_batch,
-            )
+            answer = client.ask(query)
         except NothingFitsError as exc:
             stderr.print(
                 f"tuner recommend: {exc.message}", highlight=False, markup=False, soft_wrap=True
@@ -196,7 +197,7 @@ def _source(answer: RecommendationPublic) -> str:
     if len(answer.based_on_profiles) > 1:
         error = f", fit within {answer.expected_error:.1%}" if answer.expected_error else ""
         profiles = ", ".join(map(str, answer.based_on_profiles))
-        across = "mesh shapes" if answer.tp > 1 or answer.profile_tp > 1 else "world sizes"
+        across = "mesh shapes" if answer.mesh.is_mesh or measured.is_mesh else "world sizes"
         return f"estimated across {across} from profiles {profiles}{error}"
     if answer.profile_device_key != answer.device_key:
         return (

@@ -9,9 +9,10 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -156,6 +157,32 @@ class RequestModel(BaseModel):
     """Base of request bodies and query models: unknown fields are refused."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+# A project's name travels in headers and URLs: plain characters only.
+ProjectName = Annotated[
+    str,
+    StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"),
+    Field(description="a project's name: 1 to 100 of A-Z a-z 0-9 . _ -, first a letter or digit"),
+]
+
+
+def describe_invalid(
+    errors: Iterable[Mapping[str, Any]], *, location: Sequence[str] = ()
+) -> tuple[str, list[dict[str, Any]]]:
+    """The message and the ``fields`` of a 422 from pydantic's errors; ``location``
+    ("query", "body", "path") prefixes each error's own location. The service's 422s and
+    every surface that reads a request in this process say the same."""
+    fields = [
+        {
+            "location": [*location, *(str(part) for part in err.get("loc", ()))],
+            "message": str(err.get("msg", "")),
+            "type": str(err.get("type", "")),
+        }
+        for err in errors
+    ]
+    summary = "; ".join(f"{'.'.join(f['location'])}: {f['message']}" for f in fields[:5])
+    return f"invalid request: {summary}", fields
 
 
 T = TypeVar("T")

@@ -19,6 +19,7 @@ from pydantic import (
 
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import ParallelMode
+from tuner.core.shape import MeshShape
 from tuner.core.units import parse_bytes
 from tuner.core.wire.common import (
     Fraction,
@@ -82,11 +83,11 @@ class JobSettings(RequestModel):
 
     @model_validator(mode="after")
     def _mesh_divides_the_world(self) -> JobSettings:
-        if self.tp is not None and self.world_size % self.tp:
-            raise ValueError(
-                f"world_size {self.world_size} is not a multiple of tp {self.tp}: the ranks "
-                "form a (world_size / tp) × tp mesh"
-            )
+        if self.tp is not None:
+            try:
+                MeshShape(self.world_size, self.tp)  # the shape's own rules
+            except BadInputError as exc:
+                raise ValueError(exc.message) from None
         if self.tp is not None and self.parallel not in (None, "fsdp"):
             raise ValueError(f"tp needs parallel fsdp, not {self.parallel}")
         return self

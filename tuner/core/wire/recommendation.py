@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal, Self
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from tuner.core import plan
 from tuner.core.errors import BadInputError
 from tuner.core.parallel import ParallelMode
 from tuner.core.shape import MeshShape
-from tuner.core.wire.common import QueryInt, Reference, RequestModel
+from tuner.core.wire.common import (
+    ProjectName,
+    QueryInt,
+    Reference,
+    RequestModel,
+    describe_invalid,
+)
 
 # The split travels as runs, so the answer's size does not depend on it; the bound keeps
 # the numbers far from any overflow and the per-rank loop of a training job finite.
@@ -24,7 +31,14 @@ MAX_SEQ_LEN = 2**24  # far past any model's positions: only a guard against nons
 
 
 class RecommendationQuery(RequestModel):
-    """global batch = micro batch × accumulation steps × world size / tp"""
+    """The one question every surface asks (the client, its offline cache, ``tuner
+    recommend``, the dashboard's calculator, the training integrations):
+
+        global batch = micro batch × accumulation steps × dp
+
+    where ``dp`` is the data-parallel groups of :attr:`mesh` (``world_size / tp``); the mesh
+    rules are :class:`tuner.core.shape.MeshShape`'s. Over HTTP it is the query string of
+    ``GET /api/v1/recommendation`` (:meth:`params`)."""
 
     workload: Reference = Field(description="workload key or name")
     device: Reference = Field(description="device key or name")
@@ -78,6 +92,33 @@ class RecommendationQuery(RequestModel):
         "of seq_len; no micro batch of the answer holds more, and a budget that does not "
         "fit is refused, saying how many tokens do",
     )
+
+    project: ProjectName | None = Field(
+        default=None,
+        description="the project whose evidence answers (default: the token's own; for a "
+        "token of every project, the X-Tuner-Project header's, else default); named here "
+        "it must be one the token may read, as in the header",
+    )
+
+    @classmethod
+    def at(cls, mesh: MeshShape, **fields: Any) -> Self:
+        """The question ``fields`` ask for a run of ``mesh``'s ranks (its world size and tp
+        written as the wire's two integers)."""
+        return cls(world_size=mesh.world_size, tp=mesh.tp, **fields)
+
+    @classmethod
+    def read(cls, params: Mapping[str, Any]) -> Self:
+        """The question in ``params`` (its fields as a query string or Python values), or
+        the ``BadInputError`` with the message the route's 422 gives."""
+        try:
+            return cls.model_validate(dict(params))
+        except ValidationError as exc:
+            raise BadInputError(describe_invalid(exc.errors(), location=("query",))[0]) from None
+
+    def params(self) -> dict[str, Any]:
+        """The question as ``GET /api/v1/recommendation``'s query parameters: the fields
+        given, defaults left out (a question asked as before keeps its query string)."""
+        return self.model_dump(exclude_defaults=True, include=set(RecommendationQuery.model_fields))
 
     @property
     def mesh(self) -> MeshShape:
@@ -212,11 +253,8 @@ def recommend_command(answer: RecommendationPublic) -> str:
         answer.device_key,
         "--global-batch-size",
         str(answer.global_batch_size),
-        "--world-size",
-        str(answer.world_size),
+        *answer.mesh.flags(),
     ]
-    if answer.tp > 1:
-        words += ["--tp", str(answer.tp)]
     words += ["--parallel", answer.parallel, "--policy", answer.policy]
     if answer.seq_len is not None:
         words += ["--seq-len", str(answer.seq_len)]
