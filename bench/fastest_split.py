@@ -22,10 +22,14 @@ import argparse
 import multiprocessing
 import os
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
 
 from bench.common import machine_line, markdown_table, write_section
 from tuner.answer.local import answer_from
