@@ -329,10 +329,13 @@ def _fit_phase(points: list[tuple[int, MeshShape, int]], terms: list[int]) -> Ph
     return PhaseFit(**values)
 
 
-def estimate_world_size(profiles: Sequence[Profile], mesh: MeshShape) -> WorldEstimate:
+def estimate_world_size(
+    profiles: Sequence[Profile], mesh: MeshShape, fit: WorldFit | None = None
+) -> WorldEstimate:
     """The answer on a rank of ``mesh`` from profiles of the same workload at other sizes
-    or shapes."""
-    fit = fit_world_sizes(profiles)
+    or shapes. ``fit``: ``fit_world_sizes(profiles)`` where the caller asks at many shapes
+    (the fit and its probes left out one at a time are most of the cost)."""
+    fit = fit or fit_world_sizes(profiles)
     shapes = sorted({p.mesh for p in profiles}, key=_by_dp)
     exact = [p for p in profiles if p.mesh == mesh]
     if exact:  # measured: the newest profile at this shape answers
