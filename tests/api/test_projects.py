@@ -261,6 +261,9 @@ def test_a_question_that_names_its_project_is_answered_there_by_the_headers_rule
         embedded.close()
 
 
+# Reads team B's rows that test_nothing_team_b_writes_changes_team_as_answers writes (the
+# quick lane leaves both out together).
+@pytest.mark.slow
 def test_the_dashboard_shows_the_tokens_project_and_an_admin_switches(
     teams: Teams, a_answer: tuple[int, int]
 ) -> None:
@@ -288,6 +291,9 @@ def test_the_dashboard_shows_the_tokens_project_and_an_admin_switches(
         assert missing.status_code == 404
 
 
+# Reads team B's rows that test_nothing_team_b_writes_changes_team_as_answers writes (the
+# quick lane leaves both out together).
+@pytest.mark.slow
 def test_the_client_names_its_project_with_tuner_project(
     teams: Teams, a_answer: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
