@@ -26,7 +26,7 @@ from api.store.profiles import to_result
 from tuner.core.errors import BadInputError
 from tuner.core.results import MemoryBreakdown, Profile
 from tuner.core.shape import MeshShape
-from tuner.core.worlds import WorldEstimate, WorldFit, fit_world_sizes
+from tuner.core.worlds import WorldEstimate, fit_world_sizes
 from tuner.core.worlds import estimate_world_size as at_world_size
 
 # The line runs to twice the largest world size measured, and at least this far.
@@ -223,18 +223,15 @@ def _series(
     points = [_point(by_world[w]) for w in sorted(by_world)]
     if not profiles:
         return _one_shape(mode, tp, points, end)
-    estimate: dict[int, WorldEstimate] = {}
-    refused: dict[int, str] = {}
     # One fit for every size drawn: each refits its probes left out one at a time.
-    fit: WorldFit | None = None
     try:
         fit = fit_world_sizes(profiles)
     except BadInputError as exc:
-        unfitted = exc.message
+        return ModeSeries(mode, points, note=f"no estimate: {exc.message}", tp=tp)
+    estimate: dict[int, WorldEstimate] = {}
+    refused: dict[int, str] = {}
     for w in drawn_sizes(by_world, end, tp):
         try:
-            if fit is None:
-                raise BadInputError(unfitted)
             estimate[w] = at_world_size(profiles, MeshShape(w, tp), fit)
         except BadInputError as exc:
             refused[w] = exc.message
