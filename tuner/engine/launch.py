@@ -56,7 +56,7 @@ READY_TIMEOUT_S = 600.0
 # What a rank imports before it can start: the fork server loads it once, and each rank
 # starts as a fork of it, in a tenth of a second instead of the seconds a new interpreter
 # spends importing torch (and transformers). The ranks start afresh after every probe
-# that runs out of memory, so a search pays this at most starts.
+# that runs out of memory, so a search would otherwise pay those seconds at every start.
 RANK_PRELOAD = (
     "torch",
     "torch.distributed",
